@@ -1,0 +1,50 @@
+"""hybridmeta: correct-by-construction metadata, CUDA-graph buffers and decode kernels for
+hybrid Mamba2/attention inference engines."""
+
+from hybridmeta.core import (
+    BOOL,
+    FLOAT,
+    INDEX,
+    FieldSpec,
+    Pad,
+    PadRule,
+    field,
+    fields_of,
+    is_derived,
+    metadata,
+    source_of,
+    tensor_field,
+)
+from hybridmeta.debug import debug_mode, is_debug
+from hybridmeta.model import (
+    ForwardMetadata,
+    Mamba2Metadata,
+    MixedMetadata,
+    prepare_decode,
+    prepare_mixed,
+    prepare_target_verify,
+)
+
+__all__ = [
+    "BOOL",
+    "FLOAT",
+    "INDEX",
+    "FieldSpec",
+    "ForwardMetadata",
+    "Mamba2Metadata",
+    "MixedMetadata",
+    "Pad",
+    "PadRule",
+    "debug_mode",
+    "field",
+    "fields_of",
+    "is_debug",
+    "is_derived",
+    "metadata",
+    "prepare_decode",
+    "prepare_mixed",
+    "prepare_target_verify",
+    "source_of",
+    "tensor_field",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,84 @@
+"""Logical chunks of a chunked Mamba2 (SSD) prefill over a flattened variable-length batch.
+
+The SSD scan splits the flattened prefill tokens into physical chunks of ``chunk_size``
+tokens. With initial states, a chunk that contains the end of one sequence and the start
+of the next must be split: a *logical* chunk changes at every sequence boundary and at every
+physical chunk boundary. ``chunk_indices[i]`` is the physical chunk of logical chunk ``i``
+and ``chunk_offsets[i]`` the offset of its first token inside that physical chunk.
+
+Example (``REFERENCE.md`` §3): ``query_start_loc=[0, 5, 10]``, ``chunk_size=8`` gives
+``chunk_indices=[0, 0, 1]``, ``chunk_offsets=[0, 5, 0]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+__all__ = ["chunk_indices_offsets", "chunk_indices_offsets_oracle"]
+
+
+def chunk_indices_offsets(
+    query_start_loc: torch.Tensor, chunk_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logical chunk indices and offsets, vectorised (no Python loop over sequences).
+
+    Parameters
+    ----------
+    query_start_loc : torch.Tensor
+        ``[num_seqs + 1]`` non-decreasing token offsets of the prefill rows, starting at 0,
+        **on the CPU** (the plan is computed from host data; reading a device tensor here
+        would sync the stream).
+    chunk_size : int
+        Physical chunk size of the SSD scan (> 0).
+
+    Returns
+    -------
+    (chunk_indices, chunk_offsets) : tuple of torch.Tensor
+        int64 CPU tensors ``[num_logical_chunks]``.
+    """
+    if chunk_size <= 0:
+        raise ValueError(f"chunk_size must be > 0, got {chunk_size}")
+    if query_start_loc.device.type != "cpu":
+        raise ValueError(
+            "query_start_loc must be a CPU tensor: the chunk plan is computed from host data "
+            f"(got device {query_start_loc.device})"
+        )
+    if query_start_loc.dim() != 1 or query_start_loc.numel() < 1:
+        raise ValueError(
+            f"query_start_loc must be 1-D with at least one entry, got shape {tuple(query_start_loc.shape)}"
+        )
+    qsl = query_start_loc.to(torch.int64)
+    if int(qsl[0]) != 0:
+        raise ValueError(f"query_start_loc must start at 0, got {int(qsl[0])}")
+    if qsl.numel() > 1 and bool((qsl[1:] < qsl[:-1]).any()):
+        raise ValueError("query_start_loc must be non-decreasing")
+    total = int(qsl[-1])
+    # A logical chunk starts at every physical chunk start and at every sequence start that
+    # lies inside the flattened tokens; empty sequences add no start of their own.
+    physical = torch.arange(0, total, chunk_size, dtype=torch.int64)
+    seq_starts = qsl[:-1]
+    seq_starts = seq_starts[seq_starts < total]
+    starts = torch.unique(torch.cat([physical, seq_starts]), sorted=True)
+    return starts // chunk_size, starts % chunk_size
+
+
+def chunk_indices_offsets_oracle(
+    seq_lens: Sequence[int], chunk_size: int
+) -> tuple[list[int], list[int]]:
+    """Brute force: walk the tokens one by one and open a chunk whenever the pair
+    (physical chunk, sequence) changes."""
+    indices: list[int] = []
+    offsets: list[int] = []
+    previous: tuple[int, int] | None = None
+    t = 0
+    for seq, n in enumerate(seq_lens):
+        for _ in range(n):
+            key = (t // chunk_size, seq)
+            if key != previous:
+                indices.append(t // chunk_size)
+                offsets.append(t % chunk_size)
+                previous = key
+            t += 1
+    return indices, offsets

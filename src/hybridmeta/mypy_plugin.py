@@ -1,0 +1,77 @@
+"""mypy plugin: a precise signature for the generated ``evolve_from`` of derived metadata.
+
+Enable it in the engine's mypy configuration::
+
+    [tool.mypy]
+    plugins = ["hybridmeta.mypy_plugin"]
+
+``@hybridmeta.metadata`` is a ``dataclass_transform`` decorator, so mypy already knows the
+fields and ``__init__`` of every metadata class. For a derived class this plugin adds::
+
+    @classmethod
+    def evolve_from(cls, source: Source, /, *, <derived fields: required>,
+                    <source fields: optional>) -> Derived: ...
+
+so mypy rejects a call that omits a derived field, passes an unknown name, passes a value
+of the wrong type, or passes a source of the wrong class, exactly as the run-time checks do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from mypy.nodes import ARG_NAMED, ARG_NAMED_OPT, ARG_POS, Argument, TypeInfo, Var
+from mypy.plugin import ClassDefContext, Plugin
+from mypy.plugins.common import add_method_to_class
+from mypy.plugins.dataclasses import DataclassAttribute, dataclass_class_maker_callback
+from mypy.typevars import fill_typevars
+
+_DECORATOR = "hybridmeta.core.metadata"
+
+
+def _attributes(info: TypeInfo, ctx: ClassDefContext) -> list[DataclassAttribute] | None:
+    data = info.metadata.get("dataclass")
+    if data is None:
+        return None
+    return [DataclassAttribute.deserialize(info, a, ctx.api) for a in data["attributes"]]
+
+
+def _metadata_class_hook(ctx: ClassDefContext) -> bool:
+    if not dataclass_class_maker_callback(ctx):
+        return False  # deferred: types not ready yet
+    info = ctx.cls.info
+    source = next((b.type for b in info.bases if "dataclass" in b.type.metadata), None)
+    if source is None:
+        return True  # a root class: built by its __init__
+    own = _attributes(info, ctx)
+    src = _attributes(source, ctx)
+    if own is None or src is None:
+        return False
+    src_names = {a.name for a in src}
+    source_type = fill_typevars(source)
+    # A leading double underscore makes the parameter positional-only for mypy.
+    args = [Argument(Var("__source", source_type), source_type, None, ARG_POS, pos_only=True)]
+    # Derived fields first (required), then the source fields (optional overrides).
+    for attr in sorted(own, key=lambda a: a.name in src_names):
+        if attr.type is None:
+            return False
+        kind = ARG_NAMED_OPT if attr.name in src_names else ARG_NAMED
+        args.append(Argument(Var(attr.name, attr.type), attr.type, None, kind))
+    add_method_to_class(
+        ctx.api, ctx.cls, "evolve_from", args, fill_typevars(info), is_classmethod=True
+    )
+    return True
+
+
+class HybridmetaPlugin(Plugin):
+    """Adds ``evolve_from`` to derived ``@hybridmeta.metadata`` classes."""
+
+    def get_class_decorator_hook_2(self, fullname: str) -> Callable[[ClassDefContext], bool] | None:
+        if fullname == _DECORATOR:
+            return _metadata_class_hook
+        return None
+
+
+def plugin(version: str) -> type[Plugin]:
+    """Entry point named by mypy's ``plugins`` setting."""
+    return HybridmetaPlugin

@@ -1,0 +1,42 @@
+"""Shared test configuration: Hypothesis profiles and the GPU marker.
+
+Profiles (select with ``HYPOTHESIS_PROFILE``):
+
+* ``ci`` (default): quick, for the CPU-only CI machine and the Triton interpreter.
+* ``dev``: a little more than ``ci``, for local iteration.
+* ``thorough``: many examples, for the GPU run.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from hypothesis import HealthCheck, settings
+
+if not torch.cuda.is_available():
+    # Kernels run under the Triton interpreter on a machine without CUDA; this must be
+    # decided before any module decorates a kernel with ``triton.jit``.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+_SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large]
+settings.register_profile(
+    "ci", max_examples=20, deadline=None, suppress_health_check=_SLOW_OK, print_blob=True
+)
+settings.register_profile("dev", max_examples=60, deadline=None, suppress_health_check=_SLOW_OK)
+settings.register_profile(
+    "thorough", max_examples=400, deadline=None, suppress_health_check=_SLOW_OK, print_blob=True
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+HAS_CUDA = torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if HAS_CUDA:
+        return
+    skip_gpu = pytest.mark.skip(reason="needs CUDA; none on this machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)

@@ -1,0 +1,1 @@
+"""Hypothesis strategies for kernels."""
