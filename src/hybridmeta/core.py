@@ -293,10 +293,14 @@ def _dtype_names(dtypes: tuple[torch.dtype, ...]) -> str:
     return ", ".join(str(d).removeprefix("torch.") for d in dtypes)
 
 
-def _make_validator(cls: type, specs: tuple[FieldSpec, ...]) -> Callable[[Any], None]:
-    """Generate ``__hm_validate__(self)``: cheap structural checks, no device reads."""
+def _make_validator(
+    cls: type, specs: tuple[FieldSpec, ...], name: str = "__hm_validate__"
+) -> Callable[[Any], None]:
+    """Generate ``__hm_validate__(self)``: cheap structural checks of ``specs`` (dtype, ndim,
+    device, row counts), then the class's ``__validate__`` and, in debug mode,
+    ``__validate_debug__`` hooks. No device reads outside debug mode."""
     ns: dict[str, Any] = {"_err": _validation_error, "_is_debug": is_debug}
-    lines = ["def __hm_validate__(self):", "    _dev = None"]
+    lines = [f"def {name}(self):", "    _dev = None"]
     bound: dict[str, str] = {}  # rows symbol -> the first field that binds it
     for spec in specs:
         n = spec.name
@@ -357,8 +361,7 @@ def _make_validator(cls: type, specs: tuple[FieldSpec, ...]) -> Callable[[Any], 
         lines.append("    if _is_debug():")
         lines.append("        self.__validate_debug__()")
     lines.append("    return None")
-    fn = _compile(cls, "__hm_validate__", lines, ns)
-    return fn
+    return _compile(cls, name, lines, ns)
 
 
 def _all_attrs(cls: type) -> set[str]:
@@ -434,6 +437,7 @@ def _make_evolve_from(
     source_names: tuple[str, ...],
     derived_names: tuple[str, ...],
     validator: Callable[[Any], None],
+    derived_validator: Callable[[Any], None],
 ) -> Callable[..., Any]:
     ns: dict[str, Any] = {
         "_MISSING": _MISSING,
@@ -466,14 +470,26 @@ def _make_evolve_from(
         lines.append(
             f"        raise _missing_fields(_Cls, [k for k, v in ({names_list},) if v is _MISSING])"
         )
-    lines.append("    self = _new(_Cls)")
+    lines.append("    _changed = False")
     for n in source_names:
-        ns[f"_set_{n}"] = _slot_setter(cls, n)
-        lines.append(f"    _set_{n}(self, source.{n} if {n} is _MISSING else {n})")
-    for n in derived_names:
+        lines.append(f"    if {n} is _MISSING:")
+        lines.append(f"        {n} = source.{n}")
+        lines.append("    else:")
+        lines.append("        _changed = True")
+    lines.append("    self = _new(_Cls)")
+    for n in source_names + derived_names:
         ns[f"_set_{n}"] = _slot_setter(cls, n)
         lines.append(f"    _set_{n}(self, {n})")
-    lines.append("    _validate(self)")
+    if derived_validator is validator:
+        lines.append("    _validate(self)")
+    else:
+        # The source was validated when it was built and is frozen: when no source field
+        # changes, only the derived fields and the cross-field hooks need checking.
+        ns["_validate_derived"] = derived_validator
+        lines.append("    if _changed:")
+        lines.append("        _validate(self)")
+        lines.append("    else:")
+        lines.append("        _validate_derived(self)")
     lines.append("    return self")
     fn = _compile(cls, "evolve_from", lines, ns)
     return classmethod(fn)  # type: ignore[return-value]
@@ -559,8 +575,14 @@ def metadata(cls: type[_T]) -> type[_T]:
         # placeholder set before attrs.define is replaced by the generated validator.
         new_cls.__attrs_post_init__ = validator  # type: ignore[attr-defined]
     else:
+        derived_tensors = any(s.is_tensor for s in specs if s.name in derived_names)
+        derived_validator = (
+            validator
+            if derived_tensors  # its rows/devices must be checked against the source's
+            else _make_validator(new_cls, (), name="__hm_validate_derived__")
+        )
         new_cls.evolve_from = _make_evolve_from(  # type: ignore[attr-defined]
-            new_cls, source, source_names, derived_names, validator
+            new_cls, source, source_names, derived_names, validator, derived_validator
         )
         new_cls.__init__ = _refuse_init(new_cls, source)  # type: ignore[method-assign]
     return new_cls

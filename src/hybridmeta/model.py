@@ -320,6 +320,12 @@ def prepare_mixed(
         raise ValueError("prepare_mixed: extend_seq_lens_cpu must be > 0 for every prefill row")
     if any(p < 0 for p in extend_prefix_lens_cpu):
         raise ValueError("prepare_mixed: extend_prefix_lens_cpu must be >= 0")
+    rows = fwd.mamba_cache_indices.shape[0]
+    if num_prefills > rows:
+        raise ValueError(
+            f"prepare_mixed: extend_seq_lens_cpu has {num_prefills} prefill rows but "
+            f"ForwardMetadata.mamba_cache_indices has only {rows} rows"
+        )
     device = fwd.mamba_cache_indices.device
     lens = torch.tensor(list(extend_seq_lens_cpu), dtype=torch.int64)
     qsl = torch.zeros(num_prefills + 1, dtype=torch.int64)
@@ -336,7 +342,6 @@ def prepare_mixed(
         chunk_offsets=offsets.to(device, non_blocking=True),
         extend_seq_lens_cpu=tuple(int(n) for n in extend_seq_lens_cpu),
     )
-    rows = fwd.mamba_cache_indices.shape[0]
     return Mamba2Metadata.evolve_from(
         fwd,
         num_prefills=num_prefills,

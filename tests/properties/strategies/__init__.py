@@ -1,5 +1,9 @@
 """The shared Hypothesis strategies, one module per area, re-exported here.
 
-Import strategies as ``from tests.properties import strategies as hst`` or from the area
-module directly.
+Import them as ``from tests.properties.strategies import metadata as md_st`` (or the area
+module of your part).
 """
+
+from tests.properties.strategies import metadata
+
+__all__ = ["metadata"]

@@ -1,6 +1,6 @@
 # Typing cases for Mamba2Metadata.evolve_from, checked by tests/typing/test_mypy_cases.py.
-# A line ending in "# E: <text>" must get exactly one mypy error containing <text>;
-# every other line must get none.
+# A line ending in an "E:" comment (hash, E, colon, text) must get exactly one mypy report
+# containing that text; every other line must get none.
 import torch
 
 from hybridmeta import ForwardMetadata, Mamba2Metadata, MixedMetadata
