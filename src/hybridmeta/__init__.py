@@ -1,7 +1,12 @@
 """hybridmeta: correct-by-construction metadata, CUDA-graph buffers and decode kernels for
 hybrid Mamba2/attention inference engines."""
 
-from hybridmeta.core import (
+from hybridmeta._interpret import select_triton_mode
+
+select_triton_mode()  # before any submodule imports triton
+
+
+from hybridmeta.core import (  # noqa: E402
     BOOL,
     FLOAT,
     INDEX,
@@ -15,8 +20,8 @@ from hybridmeta.core import (
     source_of,
     tensor_field,
 )
-from hybridmeta.debug import debug_mode, is_debug
-from hybridmeta.model import (
+from hybridmeta.debug import debug_mode, is_debug  # noqa: E402
+from hybridmeta.model import (  # noqa: E402
     ForwardMetadata,
     Mamba2Metadata,
     MixedMetadata,

@@ -330,22 +330,35 @@ def prepare_mixed(
     lens = torch.tensor(list(extend_seq_lens_cpu), dtype=torch.int64)
     qsl = torch.zeros(num_prefills + 1, dtype=torch.int64)
     torch.cumsum(lens, 0, out=qsl[1:])
-    seq_idx = torch.repeat_interleave(torch.arange(num_prefills, dtype=torch.int32), lens)
     indices, offsets = chunk_indices_offsets(qsl, chunk_size)
-    has_init = torch.tensor([p > 0 for p in extend_prefix_lens_cpu], dtype=torch.bool)
+    num_tokens, num_chunks = int(qsl[-1]), indices.numel()
+    # One host staging buffer (pinned when the target is a GPU), one H2D copy, then views:
+    # [seq_idx | chunk_indices | chunk_offsets | has_initial_states].
+    staged = torch.empty(
+        num_tokens + 2 * num_chunks + num_prefills,
+        dtype=torch.int32,
+        pin_memory=device.type == "cuda",
+    )
+    seq_idx, rest = staged[:num_tokens], staged[num_tokens:]
+    seq_idx.copy_(torch.repeat_interleave(torch.arange(num_prefills, dtype=torch.int32), lens))
+    rest[:num_chunks].copy_(indices)
+    rest[num_chunks : 2 * num_chunks].copy_(offsets)
+    rest[2 * num_chunks :].copy_(torch.tensor([p > 0 for p in extend_prefix_lens_cpu]))
+    on_device = staged.to(device, non_blocking=True)
+    d_rest = on_device[num_tokens:]
     mixed = MixedMetadata(
-        has_initial_states=has_init.to(device, non_blocking=True),
+        has_initial_states=d_rest[2 * num_chunks :].bool(),
         prep_initial_states=any(p > 0 for p in extend_prefix_lens_cpu),
         chunk_size=chunk_size,
-        seq_idx=seq_idx.to(device, non_blocking=True),
-        chunk_indices=indices.to(device, non_blocking=True),
-        chunk_offsets=offsets.to(device, non_blocking=True),
+        seq_idx=on_device[:num_tokens],
+        chunk_indices=d_rest[:num_chunks],
+        chunk_offsets=d_rest[num_chunks : 2 * num_chunks],
         extend_seq_lens_cpu=tuple(int(n) for n in extend_seq_lens_cpu),
     )
     return Mamba2Metadata.evolve_from(
         fwd,
         num_prefills=num_prefills,
-        num_prefill_tokens=int(lens.sum()),
+        num_prefill_tokens=num_tokens,
         num_decodes=rows - num_prefills,
         mixed=mixed,
     )

@@ -4,6 +4,6 @@ Import them as ``from tests.properties.strategies import metadata as md_st`` (or
 module of your part).
 """
 
-from tests.properties.strategies import metadata
+from tests.properties.strategies import graphs, kernels, metadata, prefill, runtime
 
-__all__ = ["metadata"]
+__all__ = ["graphs", "kernels", "metadata", "prefill", "runtime"]

@@ -1,1 +1,63 @@
-"""Hypothesis strategies for graphs."""
+"""Hypothesis strategies for graphs: decode steps over a state pool, buckets, poison."""
+
+from __future__ import annotations
+
+import attrs
+from hypothesis import strategies as st
+
+__all__ = ["DecodeStepSpec", "bucket_sets", "decode_steps"]
+
+
+@attrs.frozen
+class DecodeStepSpec:
+    """Live rows of one decode step, in physical slot ids.
+
+    Attributes
+    ----------
+    slots : tuple of int
+        Working slot of each live row (distinct).
+    track : tuple of int
+        Track slot of each row (distinct from every working slot and from each other), or
+        ``-1`` for an unflagged row that carries none.
+    mask : tuple of bool
+        Rows whose new state is saved into their track slot.
+    seed : int
+        Seed for the step's float inputs and for the poison written past the prefix.
+    """
+
+    slots: tuple[int, ...]
+    track: tuple[int, ...]
+    mask: tuple[bool, ...]
+    seed: int
+
+    @property
+    def bs(self) -> int:
+        return len(self.slots)
+
+
+@st.composite
+def decode_steps(
+    draw: st.DrawFn, *, num_slots: int, max_bs: int, min_bs: int = 1
+) -> DecodeStepSpec:
+    """A decode step with ``min_bs <= bs <= max_bs`` rows over a pool of ``num_slots``.
+
+    ``num_slots`` must be at least ``2 * max_bs`` (working and track slots are disjoint).
+    """
+    if num_slots < 2 * max_bs:
+        raise ValueError(f"decode_steps: num_slots={num_slots} < 2 * max_bs={2 * max_bs}")
+    bs = draw(st.integers(min_bs, max_bs))
+    picked = draw(st.permutations(range(num_slots)))[: 2 * bs]
+    mask = tuple(draw(st.lists(st.booleans(), min_size=bs, max_size=bs)))
+    keep_unflagged = draw(st.lists(st.booleans(), min_size=bs, max_size=bs))
+    track = tuple(
+        t if m or keep else -1 for t, m, keep in zip(picked[bs:], mask, keep_unflagged, strict=True)
+    )
+    seed = draw(st.integers(0, 2**31 - 1))
+    return DecodeStepSpec(slots=tuple(picked[:bs]), track=track, mask=mask, seed=seed)
+
+
+@st.composite
+def bucket_sets(draw: st.DrawFn, max_bs: int) -> tuple[int, ...]:
+    """A sorted set of capture buckets that ends at ``max_bs``."""
+    others = draw(st.sets(st.integers(1, max_bs - 1), max_size=3)) if max_bs > 1 else set()
+    return tuple(sorted({*others, max_bs}))

@@ -1,1 +1,333 @@
-"""Hypothesis strategies for kernels."""
+"""Hypothesis strategies for the decode kernels.
+
+Each strategy draws a *case* (shapes, dtypes, options and a slot plan: pad rows shuffled
+among live rows, distinct written slots) plus a seed; ``*_tensors`` turns a case into
+tensors on a device. Tensors are drawn from the seed with torch, not element by element,
+so examples stay cheap under the Triton interpreter.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+from hypothesis import strategies as st
+
+ACT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+STATE_DTYPES = (torch.float32, torch.bfloat16)
+
+
+@attrs.frozen
+class SlotPlan:
+    """Per-row slots. ``src[b] == -1`` marks a pad row; unused entries hold garbage."""
+
+    slots: int
+    src: tuple[int, ...]
+    dst: tuple[int, ...] | None
+    track: tuple[int, ...] | None
+    track_mask: tuple[bool, ...] | None
+
+    @property
+    def bs(self) -> int:
+        return len(self.src)
+
+    def written(self) -> set[int]:
+        """Slots a correct kernel writes (dst or src of live rows, track of flagged live rows)."""
+        out: set[int] = set()
+        for b, s in enumerate(self.src):
+            if s < 0:
+                continue
+            d = self.dst[b] if self.dst is not None else s
+            if d >= 0:
+                out.add(d)
+            flagged = self.track_mask is not None and self.track_mask[b]
+            if self.track is not None and flagged and self.track[b] >= 0:
+                out.add(self.track[b])
+        return out
+
+
+@st.composite
+def slot_plans(
+    draw: st.DrawFn, bs: int, *, with_dst: bool, with_track: bool, max_spare: int = 3
+) -> SlotPlan:
+    """Live rows get distinct slots; dst / track slots are distinct from all of those.
+
+    Pad rows (and unflagged rows' track entries) carry garbage: ``-1``, other rows' live
+    slots, or any in-range slot, so a kernel that honours them wrongly is caught.
+    """
+    n_live = draw(st.integers(0, bs))
+    order = draw(st.permutations(range(bs)))
+    live_rows = set(order[:n_live])  # pads shuffled among live rows
+    need = n_live * (1 + int(with_dst) + int(with_track))
+    slots = max(1, need + draw(st.integers(0, max_spare)))
+    perm = draw(st.permutations(range(slots)))
+    free = iter(perm)
+    src = [next(free) if b in live_rows else -1 for b in range(bs)]
+    any_slot = st.integers(-1, slots - 1)
+    dst: list[int] | None = None
+    if with_dst:
+        # A live row may also write nothing (-1); a pad row's dst is garbage.
+        dst = [next(free) if b in live_rows else draw(any_slot) for b in range(bs)]
+        for b in sorted(live_rows):
+            if draw(st.integers(0, 4)) == 0:
+                dst[b] = -1
+    track: list[int] | None = None
+    mask: list[bool] | None = None
+    if with_track:
+        track, mask = [], []
+        for b in range(bs):
+            flagged = draw(st.booleans())
+            mask.append(flagged)
+            if b in live_rows:
+                slot = next(free)
+                # Unflagged live rows keep a valid-looking slot: it must not be written.
+                track.append(slot if flagged or draw(st.booleans()) else -1)
+            else:
+                track.append(draw(any_slot))
+    return SlotPlan(
+        slots=slots,
+        src=tuple(src),
+        dst=tuple(dst) if dst is not None else None,
+        track=tuple(track) if track is not None else None,
+        track_mask=tuple(mask) if mask is not None else None,
+    )
+
+
+@attrs.frozen
+class SsmCase:
+    nheads: int
+    headdim: int
+    dstate: int
+    ngroups: int
+    state_dtype: torch.dtype
+    act_dtype: torch.dtype
+    has_D: bool
+    has_z: bool
+    has_dt_bias: bool
+    dt_softplus: bool
+    plan: SlotPlan
+    tail: int  # extra rows of the static buffers past bs (filled with garbage)
+    seed: int
+
+
+@st.composite
+def ssm_cases(
+    draw: st.DrawFn,
+    *,
+    max_bs: int = 4,
+    heads: tuple[int, ...] = (1, 2, 4),
+    headdims: st.SearchStrategy[int] | None = None,
+    dstates: st.SearchStrategy[int] | None = None,
+    with_dst: bool | None = None,
+    with_track: bool | None = None,
+) -> SsmCase:
+    """A small SSM-update problem (sizes chosen for the CPU interpreter)."""
+    nheads = draw(st.sampled_from(heads))
+    ngroups = draw(st.sampled_from([g for g in (1, 2, 4, 8) if nheads % g == 0]))
+    headdim = draw(headdims if headdims is not None else st.integers(1, 20))
+    dstate = draw(dstates if dstates is not None else st.integers(1, 20))
+    bs = draw(st.integers(1, max_bs))
+    dst = draw(st.booleans()) if with_dst is None else with_dst
+    trk = draw(st.booleans()) if with_track is None else with_track
+    return SsmCase(
+        nheads=nheads,
+        headdim=headdim,
+        dstate=dstate,
+        ngroups=ngroups,
+        state_dtype=draw(st.sampled_from(STATE_DTYPES)),
+        act_dtype=draw(st.sampled_from(ACT_DTYPES)),
+        has_D=draw(st.booleans()),
+        has_z=draw(st.booleans()),
+        has_dt_bias=draw(st.booleans()),
+        dt_softplus=draw(st.booleans()),
+        plan=draw(slot_plans(bs, with_dst=dst, with_track=trk)),
+        tail=draw(st.integers(0, 3)),
+        seed=draw(st.integers(0, 2**31 - 1)),
+    )
+
+
+def _idx(values: tuple[int, ...] | None, device: torch.device) -> torch.Tensor | None:
+    return None if values is None else torch.tensor(values, dtype=torch.int64, device=device)
+
+
+@attrs.frozen
+class SsmTensors:
+    state: torch.Tensor
+    x: torch.Tensor
+    dt: torch.Tensor
+    A: torch.Tensor
+    B: torch.Tensor
+    C: torch.Tensor
+    D: torch.Tensor | None
+    z: torch.Tensor | None
+    dt_bias: torch.Tensor | None
+    state_indices: torch.Tensor
+    dst_indices: torch.Tensor | None
+    track_indices: torch.Tensor | None
+    track_mask: torch.Tensor | None
+
+
+def ssm_tensors(case: SsmCase, device: torch.device) -> SsmTensors:
+    """Inputs of one SSM case: compact ``[bs]`` tensors, random but finite."""
+    g = torch.Generator().manual_seed(case.seed)
+    p = case.plan
+    bs, H, P, N, G = p.bs, case.nheads, case.headdim, case.dstate, case.ngroups
+    act = case.act_dtype
+
+    def rnd(*shape: int, scale: float = 1.0) -> torch.Tensor:
+        return (torch.randn(*shape, generator=g) * scale).to(device)
+
+    mask = p.track_mask
+    return SsmTensors(
+        state=rnd(p.slots, H, P, N).to(case.state_dtype),
+        x=rnd(bs, H, P).to(act),
+        dt=rnd(bs, H, scale=0.5).to(act),
+        A=-torch.rand(H, generator=g).to(device) * 2.0,
+        B=rnd(bs, G, N).to(act),
+        C=rnd(bs, G, N).to(act),
+        D=rnd(H) if case.has_D else None,
+        z=rnd(bs, H, P).to(act) if case.has_z else None,
+        dt_bias=rnd(H, scale=0.5) if case.has_dt_bias else None,
+        state_indices=torch.tensor(p.src, dtype=torch.int64, device=device),
+        dst_indices=_idx(p.dst, device),
+        track_indices=_idx(p.track, device),
+        track_mask=None if mask is None else torch.tensor(mask, dtype=torch.bool, device=device),
+    )
+
+
+@attrs.frozen
+class ConvCase:
+    conv_dim: int
+    width: int
+    state_dtype: torch.dtype
+    act_dtype: torch.dtype
+    has_bias: bool
+    silu: bool
+    channels_inner: bool  # state stored [slots, k-1, conv_dim] (viewed as [slots, conv_dim, k-1])
+    plan: SlotPlan
+    tail: int
+    seed: int
+
+
+@st.composite
+def conv_cases(
+    draw: st.DrawFn, *, max_bs: int = 4, dims: st.SearchStrategy[int] | None = None
+) -> ConvCase:
+    """A small causal-conv1d update problem."""
+    bs = draw(st.integers(1, max_bs))
+    return ConvCase(
+        conv_dim=draw(dims if dims is not None else st.integers(1, 300)),
+        width=draw(st.integers(2, 5)),
+        state_dtype=draw(st.sampled_from(STATE_DTYPES)),
+        act_dtype=draw(st.sampled_from(ACT_DTYPES)),
+        has_bias=draw(st.booleans()),
+        silu=draw(st.booleans()),
+        channels_inner=draw(st.booleans()),
+        plan=draw(slot_plans(bs, with_dst=False, with_track=False)),
+        tail=draw(st.integers(0, 3)),
+        seed=draw(st.integers(0, 2**31 - 1)),
+    )
+
+
+@attrs.frozen
+class ConvTensors:
+    x: torch.Tensor
+    conv_state: torch.Tensor
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    cache_indices: torch.Tensor
+
+
+def conv_tensors(case: ConvCase, device: torch.device) -> ConvTensors:
+    """Inputs of one conv case."""
+    g = torch.Generator().manual_seed(case.seed)
+    p = case.plan
+    D, k = case.conv_dim, case.width
+    if case.channels_inner:
+        state = torch.randn(p.slots, k - 1, D, generator=g).transpose(1, 2)
+    else:
+        state = torch.randn(p.slots, D, k - 1, generator=g)
+    return ConvTensors(
+        x=torch.randn(p.bs, D, generator=g).to(device, case.act_dtype),
+        conv_state=state.to(device, case.state_dtype),
+        weight=(torch.randn(D, k, generator=g) * 0.5).to(device, case.act_dtype),
+        bias=torch.randn(D, generator=g).to(device, case.act_dtype) if case.has_bias else None,
+        cache_indices=torch.tensor(p.src, dtype=torch.int64, device=device),
+    )
+
+
+@attrs.frozen
+class TrackCase:
+    layers: int
+    nheads: int
+    headdim: int
+    dstate: int
+    conv_dim: int
+    width: int
+    ssm_dtype: torch.dtype
+    conv_dtype: torch.dtype
+    plan: SlotPlan
+    tail: int
+    seed: int
+
+
+@st.composite
+def track_cases(draw: st.DrawFn, *, max_bs: int = 4) -> TrackCase:
+    """A small track-save problem over layer-major pools."""
+    bs = draw(st.integers(1, max_bs))
+    return TrackCase(
+        layers=draw(st.integers(1, 3)),
+        nheads=draw(st.integers(1, 3)),
+        headdim=draw(st.integers(1, 6)),
+        dstate=draw(st.integers(1, 8)),
+        conv_dim=draw(st.integers(1, 24)),
+        width=draw(st.integers(2, 4)),
+        ssm_dtype=draw(st.sampled_from(STATE_DTYPES)),
+        conv_dtype=draw(st.sampled_from(STATE_DTYPES)),
+        plan=draw(slot_plans(bs, with_dst=False, with_track=True)),
+        tail=draw(st.integers(0, 3)),
+        seed=draw(st.integers(0, 2**31 - 1)),
+    )
+
+
+def track_tensors(case: TrackCase, device: torch.device) -> dict[str, torch.Tensor]:
+    """Pools and row tensors of one track-save case."""
+    g = torch.Generator().manual_seed(case.seed)
+    p = case.plan
+    assert p.track is not None
+    assert p.track_mask is not None
+    L = case.layers
+    return {
+        "conv_pool": torch.randn(L, p.slots, case.conv_dim, case.width - 1, generator=g).to(
+            device, case.conv_dtype
+        ),
+        "ssm_pool": torch.randn(L, p.slots, case.nheads, case.headdim, case.dstate, generator=g).to(
+            device, case.ssm_dtype
+        ),
+        "src_indices": torch.tensor(p.src, dtype=torch.int64, device=device),
+        "track_indices": torch.tensor(p.track, dtype=torch.int64, device=device),
+        "track_mask": torch.tensor(p.track_mask, dtype=torch.bool, device=device),
+    }
+
+
+def garbage_rows(
+    t: torch.Tensor, tail: int, *, live_slots: list[int], slots: int, seed: int
+) -> torch.Tensor:
+    """A static buffer: ``t`` followed by ``tail`` rows of garbage.
+
+    Index tensors get other rows' live slot ids and out-of-range ids; bool tensors get
+    True; float tensors get NaN. Returns the buffer; ``buf[: t.shape[0]]`` is a view.
+    """
+    buf = torch.empty((t.shape[0] + tail, *t.shape[1:]), dtype=t.dtype, device=t.device)
+    buf[: t.shape[0]] = t
+    if tail == 0:
+        return buf
+    if t.dtype == torch.bool:
+        buf[t.shape[0] :] = True
+    elif t.dtype in (torch.int32, torch.int64):
+        g = torch.Generator().manual_seed(seed)
+        pool = [*live_slots, slots, slots + 7, 2**30, -5]
+        picks = torch.randint(0, len(pool), (tail, *t.shape[1:]), generator=g)
+        buf[t.shape[0] :] = torch.tensor(pool, dtype=t.dtype)[picks].to(t.device)
+    else:
+        buf[t.shape[0] :] = float("nan")
+    return buf

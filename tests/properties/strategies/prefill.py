@@ -1,1 +1,337 @@
-"""Hypothesis strategies for prefill."""
+"""Hypothesis strategies for prefill: mixed batches with the edge cases that broke peers.
+
+A batch is drawn row by row, so a row can be steered to put its track boundary exactly on
+the *global* chunk grid (``g % chunk_size == 0``), just past it, at the row's end, or
+nowhere, knowing where the earlier rows put its first token. Prefill rows come first,
+decode rows (1 token, prefix >= 1) last.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+import torch
+from hypothesis import strategies as st
+
+from hybridmeta.prefill import (
+    ConvPrefillOutput,
+    SSDScanOutput,
+    SSMParams,
+    causal_conv1d_prefill,
+    extend_track_save,
+    plan_mixed_batch,
+    split_xbc,
+    ssd_chunked_scan,
+)
+from hybridmeta.prefill.oracle import OracleRow, oracle_layer, oracle_ssm_row
+from hybridmeta.prefill.planner import PrefillPlan
+
+__all__ = [
+    "BF16",
+    "FP32",
+    "BatchSpec",
+    "LayerData",
+    "batch_specs",
+    "close",
+    "make_layer",
+    "plan_of",
+    "run_oracle",
+    "run_pipeline",
+    "run_ssm_oracle",
+    "split_of",
+]
+
+_MODES = ("random", "on_grid", "past_grid", "end", "short", "single")
+
+
+@attrs.frozen(kw_only=True)
+class BatchSpec:
+    """Host description of one mixed batch plus the layer shape."""
+
+    nheads: int
+    headdim: int
+    ngroups: int
+    dstate: int
+    conv_kernel: int
+    chunk_size: int
+    track_interval: int
+    extend_lens: tuple[int, ...]
+    prefix_lens: tuple[int, ...]
+    slots: tuple[int, ...]
+    track_mask: tuple[bool, ...]
+    track_slots: tuple[int, ...]
+    num_decodes: int
+    pool_size: int
+    seed: int
+
+    @property
+    def num_prefills(self) -> int:
+        return len(self.extend_lens) - self.num_decodes
+
+    @property
+    def conv_dim(self) -> int:
+        return self.nheads * self.headdim + 2 * self.ngroups * self.dstate
+
+    @property
+    def prefill_tokens(self) -> int:
+        return sum(self.extend_lens[: self.num_prefills])
+
+
+@st.composite
+def _prefill_row(draw: st.DrawFn, qs: int, L: int, interval: int) -> tuple[int, int]:
+    """(extend, prefix) of one prefill row whose first token sits at flattened ``qs``."""
+    mode = draw(st.sampled_from(_MODES))
+    if mode in ("on_grid", "past_grid"):
+        # boundary after k new tokens with (qs + k) % L == 0 (or == 1 just past the edge)
+        want = 0 if mode == "on_grid" else 1
+        k = (want - qs) % L
+        k = k if k > 0 else L
+        k += L * draw(st.integers(0, 1))
+        extend = k + draw(st.integers(1, L + 1))  # the boundary is mid-row
+        j = draw(st.integers(-(-k // interval), -(-k // interval) + 1))
+        return extend, interval * j - k
+    if mode == "end":
+        extend = draw(st.integers(1, 3 * L))
+        j = draw(st.integers(-(-extend // interval), -(-extend // interval) + 1))
+        return extend, interval * j - extend
+    if mode == "short":
+        return draw(st.integers(1, max(1, L - 1))), draw(st.integers(0, 2 * interval))
+    if mode == "single":
+        return 1, draw(st.integers(0, 2 * interval))
+    extend = draw(st.sampled_from([1, L - 1, L, L + 1, 2 * L, 2 * L + 1]) | st.integers(1, 3 * L))
+    prefix = draw(st.just(0) | st.integers(0, 3 * interval))
+    return max(extend, 1), prefix
+
+
+@st.composite
+def batch_specs(
+    draw: st.DrawFn,
+    *,
+    min_prefills: int = 1,
+    max_prefills: int = 4,
+    max_decodes: int = 2,
+) -> BatchSpec:
+    """A mixed batch: shapes, chunk size, track interval, rows, slots and track mask."""
+    ngroups = draw(st.sampled_from([1, 2]))
+    nheads = ngroups * draw(st.integers(1, 2))
+    headdim = draw(st.integers(1, 3))
+    dstate = draw(st.integers(1, 4))
+    conv_kernel = draw(st.integers(2, 4))
+    L = draw(st.sampled_from([2, 4, 8]))
+    interval = L * draw(st.integers(1, 2))
+    n_pre = draw(st.integers(min_prefills, max_prefills))
+    n_dec = draw(st.integers(0, max_decodes))
+    extend: list[int] = []
+    prefix: list[int] = []
+    qs = 0
+    for _ in range(n_pre):
+        e, p = draw(_prefill_row(qs, L, interval))
+        extend.append(e)
+        prefix.append(max(p, 0))
+        qs += e
+    for _ in range(n_dec):
+        extend.append(1)
+        on = draw(st.booleans())
+        # on: (prefix + 1) % interval == 0, so the decode step ends on a boundary
+        prefix.append(
+            interval * draw(st.integers(1, 2)) - 1 if on else draw(st.integers(1, 3 * interval))
+        )
+    n = n_pre + n_dec
+    pool_size = 2 * n + 2
+    perm = draw(st.permutations(list(range(pool_size))))
+    mask = draw(st.lists(st.booleans(), min_size=n, max_size=n))
+    return BatchSpec(
+        nheads=nheads,
+        headdim=headdim,
+        ngroups=ngroups,
+        dstate=dstate,
+        conv_kernel=conv_kernel,
+        chunk_size=L,
+        track_interval=interval,
+        extend_lens=tuple(extend),
+        prefix_lens=tuple(prefix),
+        slots=tuple(perm[:n]),
+        track_mask=tuple(mask),
+        track_slots=tuple(perm[n : 2 * n]),
+        num_decodes=n_dec,
+        pool_size=pool_size,
+        seed=draw(st.integers(0, 2**31 - 1)),
+    )
+
+
+@attrs.frozen(kw_only=True)
+class LayerData:
+    """Random layer weights, prefill inputs and state pools for a :class:`BatchSpec`."""
+
+    xbc: torch.Tensor  # [T, conv_dim]
+    dt: torch.Tensor  # [T, H]
+    conv_weight: torch.Tensor  # [conv_dim, K]
+    conv_bias: torch.Tensor  # [conv_dim]
+    params: SSMParams
+    conv_pool: torch.Tensor  # [pool, conv_dim, K-1]
+    ssm_pool: torch.Tensor  # [pool, H, P, N]
+
+    def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> LayerData:
+        """Copy to ``device``; ``dtype`` casts the activations and the conv pool."""
+
+        def mv(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device=device, dtype=dtype or t.dtype)
+
+        return LayerData(
+            xbc=mv(self.xbc),
+            dt=self.dt.to(device),
+            conv_weight=self.conv_weight.to(device),
+            conv_bias=self.conv_bias.to(device),
+            params=SSMParams(
+                A=self.params.A.to(device),
+                D=self.params.D.to(device),
+                dt_bias=self.params.dt_bias.to(device),
+            ),
+            conv_pool=mv(self.conv_pool),
+            ssm_pool=self.ssm_pool.to(device),
+        )
+
+
+def make_layer(spec: BatchSpec, *, tokens: int | None = None) -> LayerData:
+    """Deterministic random data (``spec.seed``) for the prefill rows of ``spec``."""
+    g = torch.Generator().manual_seed(spec.seed)
+    T = spec.prefill_tokens if tokens is None else tokens
+    H, K = spec.nheads, spec.conv_kernel
+
+    def rnd(*shape: int, scale: float = 1.0) -> torch.Tensor:
+        return torch.randn(*shape, generator=g) * scale
+
+    return LayerData(
+        xbc=rnd(T, spec.conv_dim),
+        dt=rnd(T, H, scale=0.5),
+        conv_weight=rnd(spec.conv_dim, K, scale=0.5),
+        conv_bias=rnd(spec.conv_dim, scale=0.1),
+        params=SSMParams(
+            A=-(torch.rand(H, generator=g) + 0.2),
+            D=rnd(H),
+            dt_bias=rnd(H, scale=0.2),
+        ),
+        conv_pool=rnd(spec.pool_size, spec.conv_dim, K - 1),
+        ssm_pool=rnd(spec.pool_size, H, spec.headdim, spec.dstate),
+    )
+
+
+def plan_of(spec: BatchSpec, device: torch.device | str = "cpu") -> PrefillPlan:
+    """Plan ``spec`` (tracking on)."""
+    return plan_mixed_batch(
+        extend_lens=spec.extend_lens,
+        prefix_lens=spec.prefix_lens,
+        slots=spec.slots,
+        num_decodes=spec.num_decodes,
+        chunk_size=spec.chunk_size,
+        conv_kernel=spec.conv_kernel,
+        track_interval=spec.track_interval,
+        track_mask=spec.track_mask,
+        track_slots=spec.track_slots,
+        device=device,
+    )
+
+
+def run_oracle(spec: BatchSpec, data: LayerData) -> list[OracleRow]:
+    """The oracle over the prefill rows, initial states read from ``data``'s pools."""
+    n_pre = spec.num_prefills
+    has = [spec.prefix_lens[r] > 0 for r in range(n_pre)]
+    conv_pool = data.conv_pool.float().cpu()
+    ssm_pool = data.ssm_pool.float().cpu()
+    return oracle_layer(
+        data.xbc.float().cpu(),
+        data.dt.float().cpu(),
+        spec.extend_lens[:n_pre],
+        [conv_pool[spec.slots[r]] if has[r] else None for r in range(n_pre)],
+        [ssm_pool[spec.slots[r]] if has[r] else None for r in range(n_pre)],
+        conv_weight=data.conv_weight.float().cpu(),
+        conv_bias=data.conv_bias.float().cpu(),
+        params=SSMParams(
+            A=data.params.A.cpu(), D=data.params.D.cpu(), dt_bias=data.params.dt_bias.cpu()
+        ),
+        nheads=spec.nheads,
+        headdim=spec.headdim,
+        ngroups=spec.ngroups,
+        dstate=spec.dstate,
+    )
+
+
+def run_ssm_oracle(
+    spec: BatchSpec, data: LayerData, conv_out: torch.Tensor
+) -> list[tuple[torch.Tensor, list[torch.Tensor]]]:
+    """The SSM oracle fed with the conv output the pipeline actually produced.
+
+    With bf16 activations the conv output is rounded to bf16 before the scan; comparing
+    the scan with this oracle measures the scan's own error, not that rounding amplified
+    over a long row. Initial states are read from ``data``'s pools (call it before the
+    pipeline writes them). Returns ``(y [L, H, P], states)`` per prefill row.
+    """
+    x, B, C = split_of(spec, conv_out.float().cpu())
+    dt = data.dt.float().cpu()
+    ssm_pool = data.ssm_pool.float().cpu()
+    params = SSMParams(
+        A=data.params.A.cpu(), D=data.params.D.cpu(), dt_bias=data.params.dt_bias.cpu()
+    )
+    out = []
+    start = 0
+    for r in range(spec.num_prefills):
+        n = spec.extend_lens[r]
+        init = ssm_pool[spec.slots[r]] if spec.prefix_lens[r] > 0 else None
+        sl = slice(start, start + n)
+        out.append(oracle_ssm_row(x[sl], dt[sl], B[sl], C[sl], params, init))
+        start += n
+    return out
+
+
+def split_of(spec: BatchSpec, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Split a conv output of ``spec``'s layer into ``x, B, C``."""
+    return split_xbc(u, spec.nheads, spec.headdim, spec.ngroups, spec.dstate)
+
+
+def run_pipeline(
+    spec: BatchSpec,
+    data: LayerData,
+    plan: PrefillPlan,
+    *,
+    track: bool = True,
+    scan_fn: Callable[..., SSDScanOutput] = ssd_chunked_scan,
+) -> tuple[ConvPrefillOutput, SSDScanOutput]:
+    """Conv, scan (``scan_fn``) and (optionally) track-save of the prefill rows; pools
+    updated in place."""
+    conv = causal_conv1d_prefill(
+        data.xbc, data.conv_weight, data.conv_bias, plan=plan, conv_state=data.conv_pool
+    )
+    x, B, C = split_of(spec, conv.out)
+    scan = scan_fn(
+        x,
+        data.dt,
+        B,
+        C,
+        params=data.params,
+        plan=plan,
+        ssm_state=data.ssm_pool,
+        return_chunk_states=True,
+    )
+    if track:
+        extend_track_save(
+            plan,
+            xbc=data.xbc,
+            conv=conv,
+            scan=scan,
+            conv_state=data.conv_pool,
+            ssm_state=data.ssm_pool,
+        )
+    return conv, scan
+
+
+#: (rtol, atol) per activation dtype (mamba_ssm's tolerances).
+FP32: tuple[float, float] = (3e-4, 1e-3)
+BF16: tuple[float, float] = (1e-2, 5e-2)
+
+
+def close(actual: torch.Tensor, expected: torch.Tensor, tol: tuple[float, float] = FP32) -> None:
+    """``assert_close`` in fp32 with a per-dtype tolerance (on the CPU)."""
+    torch.testing.assert_close(
+        actual.float().cpu(), expected.float().cpu(), rtol=tol[0], atol=tol[1]
+    )

@@ -1,0 +1,95 @@
+"""Launch configurations, picked by rule rather than autotuned.
+
+Autotuning an in-place kernel would run it several times on live state, so each kernel
+gets a fixed configuration derived from dtype and shape. The benchmark sweeps the
+alternatives and records why the defaults below were chosen (see ``docs/kernels.md``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import attrs
+import torch
+
+
+@attrs.frozen
+class SsmLaunchConfig:
+    """Tile of the SSM update: ``block_p`` headdim rows by the whole ``dstate``."""
+
+    block_p: int
+    num_warps: int
+
+
+@attrs.frozen
+class ConvLaunchConfig:
+    """Tile of the conv update: ``block_c`` channels of ``rows`` rows (a power of two)."""
+
+    block_c: int
+    num_warps: int
+    rows: int = 1
+
+
+@attrs.frozen
+class CopyLaunchConfig:
+    """Track-save copy: elements per loop step and programs per launch."""
+
+    block: int
+    num_warps: int
+    max_programs: int
+
+
+def ssm_launch_config(state_dtype: torch.dtype, headdim: int, dstate: int) -> SsmLaunchConfig:
+    """Pick the SSM update tile for a state dtype and head shape.
+
+    A tile carries 4 KiB of state whatever its dtype, on one warp: 128 bytes of state per
+    thread. The H200 sweeps (docs/kernels.md) put 4 KiB tiles on top at bs 1, 64 and 512
+    for both dtypes, one warp a hair ahead of two; mamba_ssm's 4-row tiles (2 KiB fp32,
+    1 KiB bf16, 4 warps) make the kernel bound by program scheduling, not memory, and hurt
+    a bf16 state most.
+    """
+    elem = torch.empty((), dtype=state_dtype).element_size()
+    rows = max(1, (4096 // elem) // max(dstate, 1))
+    block_p = min(_pow2_floor(rows), _pow2_ceil(headdim))
+    return SsmLaunchConfig(block_p=max(block_p, 1), num_warps=1)
+
+
+def conv_launch_config(dim: int, *, channels_contiguous: bool = False) -> ConvLaunchConfig:
+    """Pick the conv update tile: 128 channels a program (fewer for tiny ``conv_dim``).
+
+    With ``conv_dim`` the contiguous axis of the pool (``[slots, k-1, conv_dim]`` storage),
+    a program takes 4 rows: one row's channels hold too few bytes to keep memory busy and
+    each row would re-read the weights (H200 sweep: 67% of copy against 26% for one row).
+    With the ``[slots, conv_dim, k-1]`` contiguous layout more rows did not help (36% at
+    best, one row): its 6-byte channel runs force 2-byte accesses whatever the tile.
+    """
+    block_c = min(128, _pow2_ceil(dim))
+    return ConvLaunchConfig(block_c=block_c, num_warps=2, rows=4 if channels_contiguous else 1)
+
+
+def copy_launch_config(device: torch.device, element_size: int) -> CopyLaunchConfig:
+    """Pick the track-save copy shape: 32 KiB a step, 16 programs per SM on a GPU.
+
+    The H200 sweep found every shape from 8 to 32 KiB and 4 to 16 programs per SM within
+    2% of each other at 4 tracked rows; this one was on top.
+    """
+    block = 32768 // element_size
+    if device.type == "cuda":
+        programs = 16 * _sm_count(device.index if device.index is not None else 0)
+    else:
+        # The CPU interpreter runs programs one after another: few is fastest.
+        programs = 2
+    return CopyLaunchConfig(block=block, num_warps=8, max_programs=programs)
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return int(torch.cuda.get_device_properties(index).multi_processor_count)
+
+
+def _pow2_ceil(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def _pow2_floor(n: int) -> int:
+    return 1 << (max(n, 1).bit_length() - 1)

@@ -1,0 +1,122 @@
+"""Argument checks shared by the public kernel ops.
+
+Every check reads shapes, dtypes, strides and devices only (no device values), so it is
+safe on the hot path and under CUDA-graph capture. Errors name the op, the argument and
+the rule that failed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+
+import torch
+
+FLOAT_DTYPES: frozenset[torch.dtype] = frozenset({torch.float32, torch.bfloat16, torch.float16})
+STATE_DTYPES: frozenset[torch.dtype] = FLOAT_DTYPES
+INDEX_DTYPES: frozenset[torch.dtype] = frozenset({torch.int32, torch.int64})
+MASK_DTYPES: frozenset[torch.dtype] = frozenset({torch.bool})
+
+
+def _names(dtypes: Collection[torch.dtype]) -> str:
+    return "/".join(sorted(str(d).removeprefix("torch.") for d in dtypes))
+
+
+def check_tensor(
+    op: str,
+    name: str,
+    t: object,
+    *,
+    shape: Sequence[int | None],
+    dtypes: Collection[torch.dtype],
+    device: torch.device,
+    dims: str,
+) -> torch.Tensor:
+    """Check that ``t`` is a tensor of the given shape (``None`` = any), dtype and device.
+
+    ``dims`` names the axes for the message, e.g. ``"[bs, nheads, headdim]"``.
+    """
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{op}: `{name}` must be a torch.Tensor {dims}, got {type(t).__name__}")
+    if t.dim() != len(shape) or any(
+        want is not None and got != want for got, want in zip(t.shape, shape, strict=True)
+    ):
+        want_s = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
+        raise ValueError(f"{op}: `{name}` must have shape {dims} = {want_s}, got {list(t.shape)}")
+    if t.dtype not in dtypes:
+        raise TypeError(f"{op}: `{name}` must have dtype {_names(dtypes)}, got {t.dtype}")
+    if t.device != device:
+        raise ValueError(f"{op}: `{name}` must be on the state's device {device}, got {t.device}")
+    return t
+
+
+def check_optional(
+    op: str,
+    name: str,
+    t: object,
+    *,
+    shape: Sequence[int | None],
+    dtypes: Collection[torch.dtype],
+    device: torch.device,
+    dims: str,
+) -> torch.Tensor | None:
+    """:func:`check_tensor` for an argument that may be ``None``."""
+    if t is None:
+        return None
+    return check_tensor(op, name, t, shape=shape, dtypes=dtypes, device=device, dims=dims)
+
+
+def check_slot_contiguous(op: str, name: str, t: torch.Tensor, lead: int) -> None:
+    """Require the dims after the first ``lead`` ones to be densely packed (one block per slot)."""
+    expected = 1
+    for size, stride in zip(reversed(t.shape[lead:]), reversed(t.stride()[lead:]), strict=True):
+        if size != 1 and stride != expected:
+            raise ValueError(
+                f"{op}: `{name}` must be contiguous within each slot (dims {lead}.. densely "
+                f"packed), got shape {list(t.shape)} strides {list(t.stride())}"
+            )
+        expected *= size
+
+
+def check_index_range(op: str, name: str, idx: torch.Tensor, slots: int) -> None:
+    """Debug-mode check (syncs): every index is ``-1`` or a slot in ``[0, slots)``."""
+    bad = (idx < -1) | (idx >= slots)
+    if bool(bad.any()):
+        first = int(bad.nonzero()[0, 0])
+        raise ValueError(
+            f"{op}: `{name}` values must be -1 (pad) or in [0, {slots}); row {first} holds "
+            f"{int(idx[first])}"
+        )
+
+
+def check_disjoint_writes(
+    op: str,
+    writes: Sequence[tuple[str, torch.Tensor, torch.Tensor]],
+    reads: tuple[str, torch.Tensor, torch.Tensor] | None,
+) -> None:
+    """Debug-mode check (syncs): no two rows write one slot; no row writes a slot another reads.
+
+    ``writes`` and ``reads`` are ``(name, slots, active)`` triples, one slot per row.
+    A row may write the slot it reads itself (an in-place update).
+    """
+    owner: dict[int, tuple[str, int]] = {}
+    for name, slots, active in writes:
+        for row, (slot, on) in enumerate(zip(slots.tolist(), active.tolist(), strict=True)):
+            if not on or slot < 0:
+                continue
+            if slot in owner:
+                prev_name, prev_row = owner[slot]
+                raise ValueError(
+                    f"{op}: slot {slot} is written twice: by `{prev_name}` of row {prev_row} "
+                    f"and `{name}` of row {row}; written slots must be distinct"
+                )
+            owner[slot] = (name, row)
+    if reads is None:
+        return
+    rname, rslots, ractive = reads
+    for row, (slot, on) in enumerate(zip(rslots.tolist(), ractive.tolist(), strict=True)):
+        if on and slot in owner and owner[slot][1] != row:
+            wname, wrow = owner[slot]
+            raise ValueError(
+                f"{op}: slot {slot} is read by `{rname}` of row {row} and written by "
+                f"`{wname}` of row {wrow}; a row may not write a slot another row reads"
+            )

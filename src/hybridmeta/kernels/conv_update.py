@@ -1,0 +1,162 @@
+"""Causal-conv1d decode update: Triton kernel and its launcher.
+
+One program handles ``BLOCK_C`` channels of ``ROWS`` rows: it forms each row's window
+``[state[:, 0..k-2], x]``, writes the convolved (and optionally SiLU-activated) output and
+shifts the window left by one into the row's conv-state slot. Several rows per program
+share one load of the weights and put several rows' loads in flight before the first
+store. Pad rows (slot ``-1``) read and write no state and write zeros to the output,
+never uninitialised memory. Works for any strides of the conv-state pool.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from hybridmeta.kernels._config import ConvLaunchConfig, conv_launch_config
+
+
+@triton.jit(do_not_specialize=["bs"])
+def _conv_update_kernel(
+    x_ptr: tl.tensor,
+    conv_state_ptr: tl.tensor,
+    weight_ptr: tl.tensor,
+    bias_ptr: tl.tensor,
+    out_ptr: tl.tensor,
+    slot_ptr: tl.tensor,
+    bs: tl.tensor,
+    dim: tl.tensor,
+    stride_x_b: tl.tensor,
+    stride_x_c: tl.tensor,
+    stride_cs_slot: tl.tensor,
+    stride_cs_c: tl.tensor,
+    stride_cs_w: tl.tensor,
+    stride_w_c: tl.tensor,
+    stride_w_k: tl.tensor,
+    stride_o_b: tl.tensor,
+    stride_o_c: tl.tensor,
+    WIDTH: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SILU: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+) -> None:
+    i_c = tl.program_id(0)
+    i_r = tl.program_id(1)
+    o_b = (i_r * ROWS + tl.arange(0, ROWS)).to(tl.int64)  # [R]
+    m_b = o_b < bs
+    slot = tl.load(slot_ptr + o_b, mask=m_b, other=-1).to(tl.int64)  # [R]
+    o_c = i_c * BLOCK_C + tl.arange(0, BLOCK_C)  # [C]
+    o_k = tl.arange(0, BLOCK_K)  # [K]
+    m_c = o_c < dim
+    m_rc = m_b[:, None] & m_c[None, :]  # [R, C] rows < bs
+    m_live = (m_b & (slot >= 0))[:, None] & m_c[None, :]  # [R, C] live rows
+    # Tiles are [R, K, C]: channels are the fastest axis, so with a channel-contiguous pool
+    # ([slots, k-1, conv_dim] storage, the engines' layout) each thread's state, x and
+    # output accesses are contiguous and vectorise. Window column j < WIDTH-1 is state
+    # column j; column WIDTH-1 is the new input.
+    p_s = (
+        conv_state_ptr
+        + slot[:, None, None] * stride_cs_slot
+        + o_k[None, :, None] * stride_cs_w
+        + o_c[None, None, :] * stride_cs_c
+    )  # [R, K, C]
+    m_s = m_live[:, None, :] & (o_k[None, :, None] < WIDTH - 1)
+    b_s = tl.load(p_s, mask=m_s, other=0.0).to(tl.float32)  # [R, K, C]
+    b_x = tl.load(
+        x_ptr + o_b[:, None] * stride_x_b + o_c[None, :] * stride_x_c, mask=m_rc, other=0.0
+    ).to(tl.float32)  # [R, C]
+    b_win = tl.where(o_k[None, :, None] == WIDTH - 1, b_x[:, None, :], b_s)  # [R, K, C]
+    b_w = tl.load(
+        weight_ptr + o_k[:, None] * stride_w_k + o_c[None, :] * stride_w_c,
+        mask=(o_k[:, None] < WIDTH) & m_c[None, :],
+        other=0.0,
+    ).to(tl.float32)  # [K, C], shared by the ROWS rows
+    b_o = tl.sum(b_win * b_w[None, :, :], axis=1)  # [R, C]
+    if HAS_BIAS:
+        b_o += tl.load(bias_ptr + o_c, mask=m_c, other=0.0).to(tl.float32)[None, :]
+    if SILU:
+        b_o = b_o * tl.sigmoid(b_o)
+    # A pad row's x may be garbage (even NaN): select, never multiply, to zero it.
+    b_o = tl.where(m_live, b_o, 0.0)
+    tl.store(
+        out_ptr + o_b[:, None] * stride_o_b + o_c[None, :] * stride_o_c,
+        b_o.to(out_ptr.dtype.element_ty),
+        mask=m_rc,
+    )
+
+    # The shifted store overwrites cells other threads of this program read: wait for all.
+    tl.debug_barrier()
+    # Window column j (1 <= j <= WIDTH-1) becomes state column j-1.
+    m_new = m_live[:, None, :] & (o_k[None, :, None] >= 1) & (o_k[None, :, None] < WIDTH)
+    tl.store(p_s - stride_cs_w, b_win.to(conv_state_ptr.dtype.element_ty), mask=m_new)
+
+
+def launch_conv_update(
+    x: torch.Tensor,
+    conv_state: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+    slot_indices: torch.Tensor,
+    *,
+    silu: bool,
+    config: ConvLaunchConfig | None = None,
+) -> None:
+    """Launch the conv update on already validated tensors (no allocation, no checks).
+
+    Parameters
+    ----------
+    x, out : torch.Tensor
+        ``[bs, conv_dim]``.
+    conv_state : torch.Tensor
+        ``[slots, conv_dim, k - 1]`` pool (any strides), updated in place.
+    weight : torch.Tensor
+        ``[conv_dim, k]``.
+    bias : torch.Tensor or None
+        ``[conv_dim]``.
+    slot_indices : torch.Tensor
+        ``[bs]`` slot of each row; ``-1`` marks a pad row.
+    silu : bool
+        Apply SiLU to the output.
+    config : ConvLaunchConfig, optional
+        Channels and rows per program, warps; default from ``conv_dim``.
+    """
+    bs, dim = x.shape
+    width = weight.shape[1]
+    if bs == 0:
+        return
+    cfg = (
+        config
+        if config is not None
+        else conv_launch_config(dim, channels_contiguous=conv_state.stride(1) == 1)
+    )
+    grid = (triton.cdiv(dim, cfg.block_c), triton.cdiv(bs, cfg.rows))
+    _conv_update_kernel[grid](
+        x_ptr=x,
+        conv_state_ptr=conv_state,
+        weight_ptr=weight,
+        bias_ptr=bias,
+        out_ptr=out,
+        slot_ptr=slot_indices,
+        bs=bs,
+        dim=dim,
+        stride_x_b=x.stride(0),
+        stride_x_c=x.stride(1),
+        stride_cs_slot=conv_state.stride(0),
+        stride_cs_c=conv_state.stride(1),
+        stride_cs_w=conv_state.stride(2),
+        stride_w_c=weight.stride(0),
+        stride_w_k=weight.stride(1),
+        stride_o_b=out.stride(0),
+        stride_o_c=out.stride(1),
+        WIDTH=width,
+        HAS_BIAS=bias is not None,
+        SILU=silu,
+        ROWS=cfg.rows,
+        BLOCK_C=cfg.block_c,
+        BLOCK_K=triton.next_power_of_2(width),
+        num_warps=cfg.num_warps,
+    )

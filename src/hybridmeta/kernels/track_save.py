@@ -1,0 +1,123 @@
+"""Prefix-cache track-save: copy conv + SSM state of flagged rows, all layers, one launch.
+
+The pools are layer-major (``[layers, slots, ...]``). A fixed number of programs walks the
+rows; for each flagged live row the programs share out the ``layers x chunks`` copy work
+of both pools. The grid depends on the pool shapes only, never on ``bs`` (a runtime loop
+bound, not specialised), so a new batch size neither recompiles nor changes the launch.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from hybridmeta.kernels._config import CopyLaunchConfig, copy_launch_config
+
+
+@triton.jit(do_not_specialize=["bs"])
+def _track_save_kernel(
+    ssm_ptr: tl.tensor,
+    conv_ptr: tl.tensor,
+    src_ptr: tl.tensor,
+    dst_ptr: tl.tensor,
+    mask_ptr: tl.tensor,
+    bs: tl.tensor,
+    num_layers: tl.tensor,
+    ssm_numel: tl.tensor,
+    conv_numel: tl.tensor,
+    stride_ssm_l: tl.tensor,
+    stride_ssm_slot: tl.tensor,
+    stride_conv_l: tl.tensor,
+    stride_conv_slot: tl.tensor,
+    SSM_BLOCK: tl.constexpr,
+    CONV_BLOCK: tl.constexpr,
+) -> None:
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    o_s = tl.arange(0, SSM_BLOCK)
+    o_c = tl.arange(0, CONV_BLOCK)
+    n_ssm = tl.cdiv(ssm_numel, SSM_BLOCK)  # chunks per layer slot
+    n_conv = tl.cdiv(conv_numel, CONV_BLOCK)
+    for b in tl.range(0, bs):
+        flag = tl.load(mask_ptr + b) != 0
+        src = tl.load(src_ptr + b).to(tl.int64)
+        dst = tl.load(dst_ptr + b).to(tl.int64)
+        # One comparison, not `a & b & c` of scalars (the interpreter mistypes those).
+        if tl.where(flag, tl.minimum(src, dst), -1) >= 0:
+            for j in tl.range(pid, num_layers * n_ssm, nprog):
+                i_l = j // n_ssm
+                offs = (j - i_l * n_ssm) * SSM_BLOCK + o_s  # [SB] within the slot
+                base = ssm_ptr + i_l.to(tl.int64) * stride_ssm_l
+                m = offs < ssm_numel
+                v = tl.load(base + src * stride_ssm_slot + offs, mask=m)
+                tl.store(base + dst * stride_ssm_slot + offs, v, mask=m)
+            for j in tl.range(pid, num_layers * n_conv, nprog):
+                i_l = j // n_conv
+                offs = (j - i_l * n_conv) * CONV_BLOCK + o_c  # [CB]
+                base = conv_ptr + i_l.to(tl.int64) * stride_conv_l
+                m = offs < conv_numel
+                v = tl.load(base + src * stride_conv_slot + offs, mask=m)
+                tl.store(base + dst * stride_conv_slot + offs, v, mask=m)
+
+
+def launch_track_save(
+    conv_pool: torch.Tensor,
+    ssm_pool: torch.Tensor,
+    src_indices: torch.Tensor,
+    track_indices: torch.Tensor,
+    track_mask: torch.Tensor,
+    *,
+    config: CopyLaunchConfig | None = None,
+) -> None:
+    """Launch track-save on already validated tensors (no allocation, no checks).
+
+    Parameters
+    ----------
+    conv_pool : torch.Tensor
+        ``[layers, slots, conv_dim, k - 1]``; each ``[layer, slot]`` block contiguous.
+    ssm_pool : torch.Tensor
+        ``[layers, slots, nheads, headdim, dstate]``; each ``[layer, slot]`` block contiguous.
+    src_indices, track_indices : torch.Tensor
+        ``[bs]`` working slot and track slot of each row; ``-1`` skips the row.
+    track_mask : torch.Tensor
+        ``[bs]`` bool: rows to copy.
+    config : CopyLaunchConfig, optional
+        Copy step and program count; default from the device and dtype.
+    """
+    bs = src_indices.shape[0]
+    num_layers = ssm_pool.shape[0]
+    if bs == 0 or num_layers == 0:
+        return
+    ssm_numel = ssm_pool[0, 0].numel()
+    conv_numel = conv_pool[0, 0].numel()
+    cfg = (
+        config
+        if config is not None
+        else copy_launch_config(ssm_pool.device, ssm_pool.element_size())
+    )
+    ssm_block = min(cfg.block, triton.next_power_of_2(ssm_numel))
+    conv_block = min(
+        cfg.block * ssm_pool.element_size() // conv_pool.element_size(),
+        triton.next_power_of_2(conv_numel),
+    )
+    work = num_layers * triton.cdiv(ssm_numel, ssm_block)
+    grid = (max(1, min(cfg.max_programs, work)),)
+    _track_save_kernel[grid](
+        ssm_ptr=ssm_pool,
+        conv_ptr=conv_pool,
+        src_ptr=src_indices,
+        dst_ptr=track_indices,
+        mask_ptr=track_mask,
+        bs=bs,
+        num_layers=num_layers,
+        ssm_numel=ssm_numel,
+        conv_numel=conv_numel,
+        stride_ssm_l=ssm_pool.stride(0),
+        stride_ssm_slot=ssm_pool.stride(1),
+        stride_conv_l=conv_pool.stride(0),
+        stride_conv_slot=conv_pool.stride(1),
+        SSM_BLOCK=ssm_block,
+        CONV_BLOCK=conv_block,
+        num_warps=cfg.num_warps,
+    )

@@ -1,0 +1,115 @@
+"""Prefill causal conv1d over the flattened variable-length batch, with initial states.
+
+Each token's window is gathered from the *extended* input: the flattened prefill tokens
+followed by every prefill row's initial conv state (``K - 1`` columns, zeros where the
+row has none), so a window that reaches back before a row's first new token reads that
+row's saved inputs and never a neighbour's tokens. The indices are planned on the host
+(:func:`hybridmeta.prefill.plan_mixed_batch`); here there is no loop over rows and no sync.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+import torch.nn.functional as F
+
+from hybridmeta.prefill.planner import PrefillPlan
+
+__all__ = ["ConvPrefillOutput", "causal_conv1d_prefill", "extended_conv_input"]
+
+
+@attrs.frozen(kw_only=True)
+class ConvPrefillOutput:
+    """Result of :func:`causal_conv1d_prefill`.
+
+    Attributes
+    ----------
+    out : torch.Tensor
+        ``[T, conv_dim]`` activations, the input's dtype.
+    init_windows : torch.Tensor
+        ``[num_prefills, K-1, conv_dim]`` the initial conv states read (zeros where a row
+        has none), oldest input first; the track-save needs them after the pool was
+        overwritten with the final windows.
+    """
+
+    out: torch.Tensor
+    init_windows: torch.Tensor
+
+
+def extended_conv_input(xbc: torch.Tensor, init_windows: torch.Tensor) -> torch.Tensor:
+    """``[T + num_prefills * (K-1), conv_dim]``: tokens, then each row's initial window."""
+    return torch.cat([xbc, init_windows.reshape(-1, xbc.shape[1]).to(xbc.dtype)])
+
+
+def causal_conv1d_prefill(
+    xbc: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    *,
+    plan: PrefillPlan,
+    conv_state: torch.Tensor,
+    activation: str | None = "silu",
+) -> ConvPrefillOutput:
+    """Causal depthwise conv1d of the prefill rows, resuming from their conv states.
+
+    Parameters
+    ----------
+    xbc : torch.Tensor
+        ``[T, conv_dim]`` prefill inputs (rows concatenated in plan order).
+    weight : torch.Tensor
+        ``[conv_dim, K]`` with ``K == plan.conv_kernel``.
+    bias : torch.Tensor or None
+        ``[conv_dim]``.
+    plan : PrefillPlan
+    conv_state : torch.Tensor
+        ``[num_slots, conv_dim, K-1]`` pool, oldest input first. Rows with an initial state
+        read it from their working slot; every prefill row's last ``K-1`` inputs are written
+        back there (in place).
+    activation : {"silu", None}
+
+    Returns
+    -------
+    ConvPrefillOutput
+    """
+    if xbc.dim() != 2:
+        raise ValueError(
+            f"causal_conv1d_prefill: xbc must be [T, conv_dim], got {tuple(xbc.shape)}"
+        )
+    T, dim = xbc.shape
+    K = plan.conv_kernel
+    if plan.num_prefill_tokens != T:
+        raise ValueError(
+            f"causal_conv1d_prefill: xbc has {T} tokens but the plan has "
+            f"{plan.num_prefill_tokens} prefill tokens"
+        )
+    if weight.shape != (dim, K):
+        raise ValueError(
+            f"causal_conv1d_prefill: weight must be [conv_dim, K] = {(dim, K)}, got {tuple(weight.shape)}"
+        )
+    if bias is not None and bias.shape != (dim,):
+        raise ValueError(f"causal_conv1d_prefill: bias must be [{dim}], got {tuple(bias.shape)}")
+    if conv_state.dim() != 3 or conv_state.shape[1:] != (dim, K - 1):
+        raise ValueError(
+            f"causal_conv1d_prefill: conv_state must be [slots, conv_dim, K-1] = [*, {dim}, {K - 1}], "
+            f"got {tuple(conv_state.shape)}"
+        )
+    if activation not in ("silu", None):
+        raise ValueError(
+            f"causal_conv1d_prefill: activation must be 'silu' or None, got {activation!r}"
+        )
+
+    init = conv_state.index_select(0, plan.slots)  # [R, dim, K-1]
+    init = torch.where(plan.has_initial_states[:, None, None], init, 0).transpose(
+        1, 2
+    )  # [R, K-1, dim]
+    ext = extended_conv_input(xbc, init)  # [T + R*(K-1), dim]
+    w = weight.float()
+    acc = torch.zeros(T, dim, dtype=torch.float32, device=xbc.device)
+    if bias is not None:
+        acc = acc + bias.float()
+    for k in range(K):  # K taps (a constant, not a loop over rows)
+        acc = acc + ext.index_select(0, plan.token_conv_indices[:, k]).float() * w[:, k]
+    out = F.silu(acc) if activation == "silu" else acc
+    final = ext[plan.final_conv_indices]  # [R, K-1, dim]
+    conv_state.index_copy_(0, plan.slots, final.transpose(1, 2).to(conv_state.dtype))
+    return ConvPrefillOutput(out=out.to(xbc.dtype), init_windows=init.contiguous())

@@ -1,0 +1,153 @@
+"""State storage of the reference runtime: one pool of slots for Mamba state and attention KV.
+
+Slot 0 is a dummy that pad rows read and write, so a padded batch never touches live
+state. Slots ``1 .. num_working`` are working slots (one per running request); the rest
+are track slots that hold a snapshot of a request's state at a track boundary for the
+prefix cache. Ownership is enforced by :class:`SlotAllocator`: a slot is handed out once
+and must be freed before it is handed out again.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from hybridmeta.runtime.config import NemotronHConfig
+
+__all__ = ["DUMMY_SLOT", "OutOfSlotsError", "SlotAllocator", "StatePool"]
+
+DUMMY_SLOT = 0
+
+
+class OutOfSlotsError(RuntimeError):
+    """No free slot of the requested kind."""
+
+
+class SlotAllocator:
+    """Free list over a contiguous range of slot ids ``[first, first + count)``."""
+
+    def __init__(self, first: int, count: int, kind: str) -> None:
+        if count < 1:
+            raise ValueError(f"SlotAllocator: {kind} slot count must be >= 1, got {count}")
+        self.kind = kind
+        self.first = first
+        self.count = count
+        # lowest ids first so reuse is easy to see in tests
+        self._free: list[int] = list(range(first + count - 1, first - 1, -1))
+        self._used: set[int] = set()
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def used(self) -> frozenset[int]:
+        return frozenset(self._used)
+
+    def allocate(self) -> int:
+        if not self._free:
+            raise OutOfSlotsError(f"no free {self.kind} slot (all {self.count} in use)")
+        slot = self._free.pop()
+        self._used.add(slot)
+        return slot
+
+    def free(self, slot: int) -> None:
+        if slot not in self._used:
+            raise ValueError(f"SlotAllocator: {self.kind} slot {slot} is not allocated")
+        self._used.remove(slot)
+        self._free.append(slot)
+
+
+@attrs.define(eq=False)
+class StatePool:
+    """All per-slot state tensors of the model.
+
+    Attributes
+    ----------
+    conv : torch.Tensor
+        ``[L_mamba, S, conv_dim, K-1]`` conv inputs preceding the next token (model dtype).
+    ssm : torch.Tensor
+        ``[L_mamba, S, H, D, N]`` fp32 SSM states.
+    k, v : torch.Tensor
+        ``[L_attn, S, max_len, KVH, head_dim]`` attention KV by slot and position.
+    """
+
+    conv: torch.Tensor
+    ssm: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    num_working: int
+    num_track: int
+    max_len: int
+
+    @classmethod
+    def allocate(
+        cls,
+        config: NemotronHConfig,
+        *,
+        num_working: int,
+        num_track: int,
+        max_len: int,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> StatePool:
+        """Allocate zeroed storage for ``1 + num_working + num_track`` slots."""
+        if num_working < 1:
+            raise ValueError(f"StatePool: num_working must be >= 1, got {num_working}")
+        if num_track < 0:
+            raise ValueError(f"StatePool: num_track must be >= 0, got {num_track}")
+        if max_len < 1:
+            raise ValueError(f"StatePool: max_len must be >= 1, got {max_len}")
+        s = 1 + num_working + num_track
+        lm = max(len(config.mamba_layers), 1)
+        la = max(len(config.attention_layers), 1)
+        conv = torch.zeros(
+            lm, s, config.conv_dim, config.conv_kernel - 1, device=device, dtype=dtype
+        )
+        ssm = torch.zeros(
+            lm,
+            s,
+            config.mamba_num_heads,
+            config.mamba_head_dim,
+            config.ssm_state_size,
+            device=device,
+            dtype=torch.float32,
+        )
+        kv_shape = (la, s, max_len, config.num_key_value_heads, config.head_dim)
+        k = torch.zeros(kv_shape, device=device, dtype=dtype)
+        v = torch.zeros(kv_shape, device=device, dtype=dtype)
+        return cls(conv, ssm, k, v, num_working, num_track, max_len)
+
+    @property
+    def num_slots(self) -> int:
+        return self.conv.shape[1]
+
+    @property
+    def working_range(self) -> range:
+        return range(1, 1 + self.num_working)
+
+    @property
+    def track_range(self) -> range:
+        return range(1 + self.num_working, 1 + self.num_working + self.num_track)
+
+    def copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy whole slots ``src[i] -> dst[i]`` in every layer (conv, SSM and KV).
+
+        ``src`` and ``dst`` are int64 index tensors on the pool's device of equal length;
+        ``dst`` must not repeat or overlap ``src`` (the caller's plan guarantees it).
+        """
+        self._copy((self.conv, self.ssm, self.k, self.v), src, dst)
+
+    def copy_kv(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy the attention KV rows of slots ``src[i] -> dst[i]`` (all layers, all positions)."""
+        self._copy((self.k, self.v), src, dst)
+
+    @staticmethod
+    def _copy(tensors: tuple[torch.Tensor, ...], src: torch.Tensor, dst: torch.Tensor) -> None:
+        if src.shape != dst.shape or src.dim() != 1:
+            raise ValueError(
+                f"StatePool: src and dst slot indices must be 1-D of equal length, "
+                f"got {tuple(src.shape)} and {tuple(dst.shape)}"
+            )
+        for t in tensors:
+            t.index_copy_(1, dst, t.index_select(1, src))

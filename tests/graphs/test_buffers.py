@@ -1,0 +1,403 @@
+"""Static buffers: refresh writes live rows and pad in place, hands out exactly B rows,
+and refuses bad input (naming the field and the rule) before writing anything."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from hybridmeta import debug_mode, fields_of
+from hybridmeta.graphs import (
+    EmulatedGraphBackend,
+    InputSpec,
+    StaticBuffers,
+    bucket_for,
+    default_buckets,
+)
+from hybridmeta.model import ForwardMetadata, Mamba2Metadata
+
+MAX_BS = 6
+SLOTS = 16
+
+
+def _buffers(**kw: Any) -> StaticBuffers:
+    args: dict[str, Any] = {
+        "max_bs": MAX_BS,
+        "num_slots": SLOTS,
+        "device": "cpu",
+        "inputs": {"x": InputSpec((2,), torch.float32)},
+    }
+    args.update(kw)
+    return StaticBuffers(**args)
+
+
+def _step(
+    slots: list[int],
+    track: list[int] | None = None,
+    mask: list[bool] | None = None,
+    **kw: Any,
+) -> ForwardMetadata:
+    bs = len(slots)
+    args: dict[str, Any] = {
+        "query_start_loc": torch.arange(bs + 1),
+        "mamba_cache_indices": torch.tensor(slots, dtype=torch.int64),
+        "mamba_track_indices": None if track is None else torch.tensor(track, dtype=torch.int64),
+        "mamba_track_mask": None if mask is None else torch.tensor(mask),
+        "has_mamba_track_mask": bool(mask) and any(mask or []),
+    }
+    args.update(kw)
+    return ForwardMetadata(**args)
+
+
+def _x(bs: int) -> dict[str, torch.Tensor]:
+    return {"x": torch.arange(2.0 * bs).reshape(bs, 2) + 1}
+
+
+def _snapshot(buffers: StaticBuffers) -> dict[str, torch.Tensor]:
+    snap: dict[str, torch.Tensor] = {}
+    buffers.poison_(0, lambda name, t: snap.__setitem__(name, t.clone()))
+    return snap
+
+
+def _poison(buffers: StaticBuffers) -> None:
+    def fill(name: str, t: torch.Tensor) -> None:
+        if t.dtype == torch.bool:
+            t.fill_(True)
+        elif t.is_floating_point():
+            t.fill_(float("nan"))
+        else:
+            t.fill_(7)  # a real slot id of some other request
+
+    buffers.poison_(0, fill)
+
+
+def test_refresh_writes_live_rows_and_pad_and_hands_out_bucket_rows() -> None:
+    buffers = _buffers()
+    _poison(buffers)
+    md = buffers.refresh(_step([3, 1], [9, -1], [True, False]), 4, _x(2))
+    assert isinstance(md, Mamba2Metadata)
+    assert md.num_decodes == 4
+    assert md.has_mamba_track_mask
+    assert md.query_start_loc.tolist() == [0, 1, 2, 2, 2]  # cumulative: pad rows empty
+    assert md.mamba_cache_indices.tolist() == [3, 1, -1, -1]
+    assert md.mamba_track_indices is not None
+    assert md.mamba_track_indices.tolist() == [9, -1, -1, -1]
+    assert md.mamba_track_mask is not None
+    assert md.mamba_track_mask.tolist() == [True, False, False, False]
+    x = buffers.views(4)["x"]
+    assert x.tolist() == [[1.0, 2.0], [3.0, 4.0], [0.0, 0.0], [0.0, 0.0]]
+    # Rows [B:max_bs) were not touched by refresh and are not reachable from the metadata.
+    snap = _snapshot(buffers)
+    assert snap["mamba_cache_indices"][4:].tolist() == [7, 7]
+    assert torch.isnan(snap["x"][4:]).all()
+
+
+def test_views_are_the_same_storage_every_step() -> None:
+    buffers = _buffers()
+    a = buffers.refresh(_step([1, 2, 3]), 4, _x(3))
+    b = buffers.refresh(_step([5]), 4, _x(1))
+    assert a.mamba_cache_indices is b.mamba_cache_indices
+    assert a.query_start_loc.data_ptr() == b.query_start_loc.data_ptr()
+    assert b.mamba_cache_indices.tolist() == [5, -1, -1, -1]
+
+
+def test_every_per_row_field_is_buffered() -> None:
+    # Declared from the metadata classes: every required per-row field gets a buffer.
+    buffers = _buffers()
+    required = {s.name for s in fields_of(ForwardMetadata) if s.per_row and not s.optional}
+    assert required <= set(buffers.field_names)
+    assert {"mamba_track_indices", "mamba_track_mask"} <= set(buffers.field_names)
+
+
+def test_optional_field_left_none_is_padded_over_the_bucket() -> None:
+    buffers = _buffers()
+    _poison(buffers)
+    md = buffers.refresh(_step([2, 4]), 3, _x(2))
+    assert md.mamba_track_mask is not None
+    assert md.mamba_track_indices is not None
+    assert md.mamba_track_mask.tolist() == [False] * 3
+    assert md.mamba_track_indices.tolist() == [-1] * 3
+    assert md.has_mamba_track_mask  # captured True covers a step with no tracking
+
+
+def test_pad_all_makes_every_row_padding() -> None:
+    buffers = _buffers()
+    _poison(buffers)
+    md = buffers.pad_all(3)
+    assert md.query_start_loc.tolist() == [0, 0, 0, 0]
+    assert md.mamba_cache_indices.tolist() == [-1, -1, -1]
+    assert buffers.views(3)["x"].tolist() == [[0.0, 0.0]] * 3
+
+
+def test_virtual_slots_are_translated_once() -> None:
+    table = torch.tensor([5, 4, 3, 2, 1, 0, 15, 14], dtype=torch.int64)
+    buffers = _buffers(slot_table=table)
+    md = buffers.refresh(_step([0, 6, 2], [8, 9, 10], [True, True, False]), 4, _x(3))
+    assert md.mamba_cache_indices.tolist() == [5, 15, 3, -1]
+    # Track slots are physical already: not translated.
+    assert md.mamba_track_indices is not None
+    assert md.mamba_track_indices.tolist() == [8, 9, 10, -1]
+
+
+def test_target_verify_buffers_per_token_inputs_and_tree_fields() -> None:
+    buffers = StaticBuffers(
+        max_bs=4,
+        num_slots=8,
+        device="cpu",
+        optional_fields=("retrieve_next_token",),
+        static={"is_target_verify": True, "draft_token_num": 3},
+        inputs={"h": InputSpec((1,), torch.float32, rows="tokens", pad=0.5)},
+    )
+    step = ForwardMetadata(
+        query_start_loc=torch.tensor([0, 3, 6]),
+        mamba_cache_indices=torch.tensor([1, 2]),
+        retrieve_next_token=torch.tensor([[1, 2, -1], [-1, -1, -1]]),
+        is_target_verify=True,
+        draft_token_num=3,
+    )
+    md = buffers.refresh(step, 3, {"h": torch.ones(6, 1)})
+    assert md.is_target_verify
+    assert md.query_start_loc.tolist() == [0, 3, 6, 6]
+    assert md.retrieve_next_token is not None
+    assert md.retrieve_next_token.tolist() == [[1, 2, -1], [-1, -1, -1], [-1, -1, -1]]
+    assert buffers.views(3)["h"].flatten().tolist() == [1.0] * 6 + [0.5] * 3
+
+
+def test_refresh_does_not_read_device_values_outside_debug_mode() -> None:
+    # Refresh inside an emulated capture: any host read of a tensor value would raise.
+    buffers = _buffers(slot_table=torch.arange(SLOTS))
+    step = _step([1, 2], [3, -1], [True, False])
+    x = _x(2)
+    graph = EmulatedGraphBackend().capture(lambda: buffers.refresh(step, 4, x), warmup=0)
+    assert graph.outputs.mamba_cache_indices.tolist() == [1, 2, -1, -1]
+
+
+# ----------------------------------------------------------------------- bad input
+
+_Case = tuple[str, Callable[[StaticBuffers], object], str]
+# Debug cases build the step outside debug mode (the core's own debug checks would fire on
+# construction) and refresh it inside.
+_Refresh = tuple[ForwardMetadata, int, dict[str, torch.Tensor]]
+_DebugCase = tuple[str, Callable[[], _Refresh], str]
+
+_CHEAP_CASES: list[_Case] = [
+    (
+        "bs>max_bs",
+        lambda b: b.refresh(_step(list(range(MAX_BS + 1))), MAX_BS, _x(MAX_BS + 1)),
+        r"mamba_cache_indices has bs=7 rows, more than max_bs=6",
+    ),
+    ("bs=0", lambda b: b.refresh(_step([]), 1, _x(0)), r"mamba_cache_indices must have bs > 0"),
+    ("bucket<bs", lambda b: b.refresh(_step([1, 2, 3]), 2, _x(3)), r"bucket must satisfy bs <="),
+    ("bucket>max", lambda b: b.refresh(_step([1]), MAX_BS + 1, _x(1)), r"bucket must satisfy"),
+    (
+        "dtype",
+        lambda b: b.refresh(
+            _step(
+                [1, 2],
+                query_start_loc=torch.arange(3, dtype=torch.int32),
+                mamba_cache_indices=torch.tensor([1, 2], dtype=torch.int32),
+            ),
+            2,
+            _x(2),
+        ),
+        r"query_start_loc must have dtype torch.int64",
+    ),
+    (
+        "device",
+        lambda b: b.refresh(
+            _step(
+                [1, 2],
+                query_start_loc=torch.arange(3, device="meta"),
+                mamba_cache_indices=torch.empty(2, dtype=torch.int64, device="meta"),
+            ),
+            2,
+            {"x": torch.ones(2, 2, device="meta")},
+        ),
+        r"mamba_cache_indices must be on cpu",
+    ),
+    (
+        "input rows",
+        lambda b: b.refresh(_step([1, 2]), 2, _x(3)),
+        r"input x must have 2 rows \(bs=2\)",
+    ),
+    (
+        "input shape",
+        lambda b: b.refresh(_step([1]), 1, {"x": torch.ones(1, 3)}),
+        r"input x must have trailing shape \(2,\)",
+    ),
+    (
+        "input dtype",
+        lambda b: b.refresh(_step([1]), 1, {"x": torch.ones(1, 2, dtype=torch.float64)}),
+        r"input x must have dtype torch.float32",
+    ),
+    ("missing input", lambda b: b.refresh(_step([1]), 1, {}), r"inputs must name exactly"),
+    (
+        "host value drift",
+        lambda b: b.refresh(_step([1], draft_token_num=2), 1, _x(1)),
+        r"draft_token_num is 2 but the graphs were captured with 1",
+    ),
+    (
+        "unbuffered field",
+        lambda b: b.refresh(
+            _step([1], track_ssm_h_src=torch.tensor([0]), track_ssm_h_dst=torch.tensor([1])),
+            1,
+            _x(1),
+        ),
+        r"track_ssm_h_src is set but is not a static buffer",
+    ),
+    (
+        "unbuffered per-row field",
+        lambda b: b.refresh(
+            _step([1], retrieve_next_token=torch.tensor([[0]])),
+            1,
+            _x(1),
+        ),
+        r"retrieve_next_token is set but is not a static buffer",
+    ),
+]
+
+_DEBUG_CASES: list[_DebugCase] = [
+    (
+        "slot out of range",
+        lambda: (_step([1, SLOTS]), 2, _x(2)),
+        r"mamba_cache_indices has a live slot outside \[0, 16\)",
+    ),
+    (
+        "duplicate slot",
+        lambda: (_step([3, 3]), 2, _x(2)),
+        r"mamba_cache_indices has a duplicate live slot",
+    ),
+    (
+        "pad value in live row",
+        lambda: (_step([2, -1]), 2, _x(2)),
+        r"mamba_cache_indices holds the pad value -1 in a live row",
+    ),
+    (
+        "decreasing qsl",
+        lambda: (_step([1, 2], query_start_loc=torch.tensor([0, 1, 0])), 2, _x(2)),
+        r"query_start_loc must be non-decreasing",
+    ),
+    (
+        "qsl not from 0",
+        lambda: (_step([1], query_start_loc=torch.tensor([1, 2])), 1, _x(1)),
+        r"query_start_loc must start at 0",
+    ),
+    (
+        "qsl not one token per row",
+        lambda: (_step([1, 2], query_start_loc=torch.tensor([0, 2, 3])), 2, _x(2)),
+        r"query_start_loc must give every decode row 1 token",
+    ),
+    (
+        "track slot out of range",
+        lambda: (_step([1], [SLOTS + 2], [True]), 1, _x(1)),
+        r"mamba_track_indices has a live slot outside",
+    ),
+    (
+        "flagged row without track slot",
+        lambda: (_step([1], [-1], [True], has_mamba_track_mask=True), 1, _x(1)),
+        r"mamba_track_indices is -1 \(pad\) in a row whose mamba_track_mask is set",
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "call", "match"), _CHEAP_CASES, ids=[c[0] for c in _CHEAP_CASES])
+def test_bad_input_is_refused_before_anything_is_written(
+    name: str, call: Callable[[StaticBuffers], object], match: str
+) -> None:
+    buffers = _buffers()
+    _poison(buffers)
+    before = _snapshot(buffers)
+    with pytest.raises((ValueError, TypeError), match=match):
+        call(buffers)
+    after = _snapshot(buffers)
+    for key, t in before.items():
+        assert torch.equal(t, after[key]) or (t.is_floating_point() and t.isnan().all()), key
+
+
+@pytest.mark.parametrize(("name", "make", "match"), _DEBUG_CASES, ids=[c[0] for c in _DEBUG_CASES])
+def test_value_checks_run_in_debug_mode_before_anything_is_written(
+    name: str, make: Callable[[], _Refresh], match: str
+) -> None:
+    buffers = _buffers()
+    _poison(buffers)
+    before = _snapshot(buffers)
+    step, bucket, inputs = make()
+    with debug_mode(), pytest.raises(ValueError, match=match):
+        buffers.refresh(step, bucket, inputs)
+    after = _snapshot(buffers)
+    for key, t in before.items():
+        assert torch.equal(t, after[key]) or (t.is_floating_point() and t.isnan().all()), key
+
+
+def test_virtual_slot_out_of_table_is_refused_in_debug_mode() -> None:
+    buffers = _buffers(slot_table=torch.arange(4, dtype=torch.int64))
+    step = _step([1, 4])
+    with debug_mode(), pytest.raises(ValueError, match=r"virtual slot outside \[0, 4\)"):
+        buffers.refresh(step, 2, _x(2))
+
+
+def test_value_checks_are_skipped_outside_debug_mode() -> None:
+    # No device read on the hot path: an out-of-range slot is only caught in debug mode.
+    buffers = _buffers()
+    md = buffers.refresh(_step([1, SLOTS]), 2, _x(2))
+    assert md.mamba_cache_indices.tolist() == [1, SLOTS]
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"max_bs": 0}, "max_bs must be > 0"),
+        ({"num_slots": 0}, "num_slots must be > 0"),
+        ({"index_dtype": torch.float32}, "index_dtype must be int32 or int64"),
+        ({"optional_fields": ("query_start_loc",)}, "not an optional per-row field"),
+        ({"static": {"nope": 1}}, "unknown"),
+        ({"static": {"draft_token_num": 0}}, "draft_token_num must be an int >= 1"),
+        ({"slot_table": torch.tensor([0, SLOTS])}, "slot_table maps to slots outside"),
+        ({"slot_table": torch.tensor([0], dtype=torch.int32)}, "slot_table must be 1-D"),
+        ({"inputs": {"mamba_cache_indices": InputSpec((1,), torch.float32)}}, "collides"),
+    ],
+)
+def test_constructor_refuses_bad_configuration(kw: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        _buffers(**kw)
+
+
+def test_input_spec_rows_must_be_known() -> None:
+    with pytest.raises(ValueError, match=r"InputSpec\.rows"):
+        InputSpec((1,), torch.float32, rows="prefills")
+
+
+def test_poison_start_out_of_range() -> None:
+    with pytest.raises(ValueError, match="start must be in"):
+        _buffers().poison_(MAX_BS + 1, lambda n, t: None)
+
+
+def test_buckets() -> None:
+    assert default_buckets(1) == (1,)
+    assert default_buckets(6) == (1, 2, 4, 6)
+    assert default_buckets(8) == (1, 2, 4, 8)
+    assert bucket_for((1, 2, 4, 6), 3) == 4
+    assert bucket_for((1, 2, 4, 6), 4) == 4
+    with pytest.raises(ValueError, match="exceeds the largest captured bucket"):
+        bucket_for((1, 2), 3)
+    with pytest.raises(ValueError, match="max_bs must be > 0"):
+        default_buckets(0)
+
+
+def test_int32_index_buffers() -> None:
+    buffers = _buffers(index_dtype=torch.int32, slot_table=torch.arange(SLOTS, dtype=torch.int32))
+    i32 = torch.int32
+    step = ForwardMetadata(
+        query_start_loc=torch.arange(3, dtype=i32),
+        mamba_cache_indices=torch.tensor([4, 2], dtype=i32),
+        mamba_track_indices=torch.tensor([9, 10], dtype=i32),
+        mamba_track_mask=torch.tensor([True, False]),
+        has_mamba_track_mask=True,
+    )
+    md = buffers.refresh(step, 3, _x(2))
+    assert md.query_start_loc.dtype == i32
+    assert md.query_start_loc.tolist() == [0, 1, 2, 2]
+    assert md.mamba_cache_indices.tolist() == [4, 2, -1]

@@ -1,0 +1,230 @@
+"""Graph backends: the CPU emulation behaves like a CUDA graph (and the CUDA backend works).
+
+Faithfulness means: storage fixed at capture, Python values frozen at capture, replay
+re-issues only the recorded device work. Each property is checked on both backends where
+it applies; host-read refusal is checked on the emulation (on a GPU a failed capture
+poisons the CUDA context).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from hybridmeta.graphs import (
+    CudaGraphBackend,
+    EmulatedGraphBackend,
+    GraphBackend,
+    GraphCaptureError,
+    default_backend,
+)
+
+
+@torch.library.custom_op("hm_graphs_test::double_into", mutates_args=("out",))
+def _double_into(x: torch.Tensor, out: torch.Tensor) -> None:
+    out.copy_(x * 2)
+
+
+@torch.library.custom_op("hm_graphs_test::plus_one", mutates_args=())
+def _plus_one(x: torch.Tensor) -> torch.Tensor:
+    return x + 1
+
+
+@_plus_one.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+@pytest.fixture(
+    params=["emulated", pytest.param("cuda", marks=pytest.mark.gpu)],
+)
+def backend(request: pytest.FixtureRequest) -> GraphBackend:
+    if request.param == "cuda":
+        return CudaGraphBackend("cuda")
+    return EmulatedGraphBackend("cpu")
+
+
+def _dev(backend: GraphBackend) -> torch.device:
+    return backend.device
+
+
+def test_python_slice_is_frozen_at_capture(backend: GraphBackend) -> None:
+    buf = torch.zeros(6, device=_dev(backend))
+    n = 2
+
+    def fn() -> torch.Tensor:
+        return buf[:n] * 10  # n is read once, at capture
+
+    graph = backend.capture(fn)
+    n = 5
+    buf.copy_(torch.arange(6.0, device=buf.device))
+    graph.replay()
+    assert graph.outputs.shape == (2,)
+    assert graph.outputs.cpu().tolist() == [0.0, 10.0]
+
+
+def test_value_written_into_static_input_is_seen(backend: GraphBackend) -> None:
+    x = torch.zeros(4, device=_dev(backend))
+    state = torch.zeros(4, device=_dev(backend))
+
+    def fn() -> torch.Tensor:
+        state.add_(x)
+        return state * 2
+
+    graph = backend.capture(fn, warmup=0)  # x is 0: the emulated capture run adds nothing
+    for k in (1.0, 2.0):
+        x.fill_(k)
+        graph.replay()
+    # In place into the same storage: the state accumulated both replays.
+    assert state.cpu().tolist() == [3.0] * 4
+    assert graph.outputs.cpu().tolist() == [6.0] * 4
+
+
+def test_new_python_branch_is_not_taken_at_replay(backend: GraphBackend) -> None:
+    out = torch.zeros(3, device=_dev(backend))
+    flag = True
+
+    def fn() -> None:
+        if flag:
+            out.add_(1)
+        else:
+            out.add_(100)
+
+    graph = backend.capture(fn, warmup=0)
+    flag = False
+    out.zero_()
+    graph.replay()
+    graph.replay()
+    assert out.cpu().tolist() == [2.0] * 3
+
+
+def test_outputs_keep_their_storage_across_replays(backend: GraphBackend) -> None:
+    a = torch.ones(5, device=_dev(backend))
+
+    def fn() -> torch.Tensor:
+        return torch.cumsum(a, 0) + a
+
+    graph = backend.capture(fn)
+    ptr = graph.outputs.data_ptr()
+    a.fill_(2.0)
+    graph.replay()
+    assert graph.outputs.data_ptr() == ptr
+    assert graph.outputs.cpu().tolist() == [4.0, 6.0, 8.0, 10.0, 12.0]
+
+
+def test_out_variant_and_views_write_through(backend: GraphBackend) -> None:
+    src = torch.zeros(4, device=_dev(backend))
+    dst = torch.full((8,), -1.0, device=_dev(backend))
+
+    def fn() -> None:
+        torch.mul(src, 3, out=dst[2:6])  # a view of dst, written by an out= op
+
+    graph = backend.capture(fn, warmup=0)
+    src.copy_(torch.tensor([1.0, 2.0, 3.0, 4.0]))
+    graph.replay()
+    assert dst.cpu().tolist() == [-1.0, -1.0, 3.0, 6.0, 9.0, 12.0, -1.0, -1.0]
+
+
+def test_custom_ops_are_recorded_and_replayed(backend: GraphBackend) -> None:
+    x = torch.zeros(3, device=_dev(backend))
+    out = torch.zeros(3, device=_dev(backend))
+
+    def fn() -> torch.Tensor:
+        torch.ops.hm_graphs_test.double_into(x, out)
+        result: torch.Tensor = torch.ops.hm_graphs_test.plus_one(out)
+        return result
+
+    graph = backend.capture(fn, warmup=0)
+    x.copy_(torch.tensor([1.0, 2.0, 3.0]))
+    graph.replay()
+    assert out.cpu().tolist() == [2.0, 4.0, 6.0]
+    assert graph.outputs.cpu().tolist() == [3.0, 5.0, 7.0]
+
+
+def test_emulation_replays_device_work_only() -> None:
+    x = torch.zeros(4)
+    calls = []
+
+    def fn() -> torch.Tensor:
+        calls.append(1)  # Python side effects happen at capture, never at replay
+        v = x[1:3]  # a view: nothing to re-run
+        t = v.unsqueeze(0)  # another view
+        return t + 1  # the one op with device work
+
+    graph = EmulatedGraphBackend().capture(fn, warmup=0)
+    assert calls == [1]
+    graph.replay()
+    graph.replay()
+    assert calls == [1]
+    assert getattr(graph, "num_ops") == 1  # noqa: B009 - emulation-only attribute
+
+
+def test_inplace_metadata_ops_are_not_reapplied() -> None:
+    x = torch.zeros(3)
+
+    def fn() -> torch.Tensor:
+        t = x * 2
+        t.unsqueeze_(0)  # changes the tensor's shape, not its data
+        return t.add_(1)
+
+    graph = EmulatedGraphBackend().capture(fn, warmup=0)
+    x.fill_(1.0)
+    graph.replay()
+    assert graph.outputs.shape == (1, 3)
+    # mul re-fills, add_ re-adds: the same device work, once per replay.
+    assert graph.outputs.tolist() == [[3.0, 3.0, 3.0]]
+
+
+_HOST_READS: list[tuple[str, Callable[[torch.Tensor], object]]] = [
+    ("item", lambda t: t[0].item()),
+    ("bool", lambda t: bool(t[0])),
+    ("int", lambda t: int(t[0])),
+    ("nonzero", lambda t: t.nonzero()),
+    ("mask-index", lambda t: t[t > 0]),
+    ("mask-assign", lambda t: t.__setitem__(t > 0, 0.0)),
+    ("tolist", lambda t: t.tolist()),
+    ("numpy", lambda t: t.numpy()),
+    ("equal", lambda t: torch.equal(t, t)),
+    ("unique", lambda t: torch.unique(t)),
+    ("any-bool", lambda t: bool((t > 0).any())),
+]
+
+
+@pytest.mark.parametrize(("what", "read"), _HOST_READS, ids=[w for w, _ in _HOST_READS])
+def test_host_read_during_capture_raises(what: str, read: Callable[[torch.Tensor], object]) -> None:
+    t = torch.arange(4.0)
+    with pytest.raises(GraphCaptureError, match="device->host sync"):
+        EmulatedGraphBackend().capture(lambda: read(t), warmup=0)
+    # The guard is gone once capture ends: host reads work again.
+    assert t.tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert len(t.numpy()) == 4
+
+
+def test_storage_swap_during_capture_raises() -> None:
+    t = torch.zeros(3)
+    other = torch.ones(3)
+    with pytest.raises(GraphCaptureError, match="storage"):
+        EmulatedGraphBackend().capture(lambda: t.set_(other.untyped_storage()), warmup=0)
+
+
+def test_warmup_runs_eagerly_before_capture() -> None:
+    count = torch.zeros(1)
+
+    def fn() -> None:
+        count.add_(1)
+
+    EmulatedGraphBackend().capture(fn, warmup=2)
+    assert count.tolist() == [3.0]  # two warm-up runs and the capture run
+
+
+def test_default_backend_picks_by_device() -> None:
+    assert isinstance(default_backend("cpu"), EmulatedGraphBackend)
+    with pytest.raises(ValueError, match="CUDA device"):
+        CudaGraphBackend("cpu")
+
+
+@pytest.mark.gpu
+def test_default_backend_on_cuda_is_real_graphs() -> None:
+    assert isinstance(default_backend("cuda"), CudaGraphBackend)

@@ -1,0 +1,203 @@
+"""The capture/replay runner: buckets, padding, same results as eager, no device sync."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pytest
+import torch
+
+from hybridmeta.debug import debug_mode, is_debug
+from hybridmeta.graphs import (
+    CudaGraphBackend,
+    EmulatedGraphBackend,
+    GraphBackend,
+    GraphCaptureError,
+    GraphRunner,
+    InputSpec,
+    StaticBuffers,
+)
+from hybridmeta.model import ForwardMetadata, Mamba2Metadata
+from tests.graphs.toy import ToyMamba
+
+H, D = 2, 4
+MAX_BS = 5
+SLOTS = 12
+
+
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def device(request: pytest.FixtureRequest) -> torch.device:
+    return torch.device(request.param)
+
+
+def _backend(device: torch.device) -> GraphBackend:
+    return CudaGraphBackend(device) if device.type == "cuda" else EmulatedGraphBackend(device)
+
+
+def _setup(device: torch.device) -> tuple[ToyMamba, GraphRunner]:
+    model = ToyMamba(SLOTS, H, D, gen=torch.Generator().manual_seed(0), device=device)
+    buffers = StaticBuffers(max_bs=MAX_BS, num_slots=SLOTS, device=device, inputs=model.input_specs)
+    runner = GraphRunner(model.step, buffers, buckets=(1, 2, 4, MAX_BS), backend=_backend(device))
+    runner.capture()
+    return model, runner
+
+
+def _fwd(
+    device: torch.device, slots: list[int], track: list[int], mask: list[bool]
+) -> ForwardMetadata:
+    return ForwardMetadata(
+        query_start_loc=torch.arange(len(slots) + 1, device=device),
+        mamba_cache_indices=torch.tensor(slots, device=device),
+        mamba_track_indices=torch.tensor(track, device=device),
+        mamba_track_mask=torch.tensor(mask, device=device),
+        has_mamba_track_mask=any(mask),
+    )
+
+
+_STEPS = [
+    ([3], [8], [True]),
+    ([0, 5, 2], [9, -1, 10], [True, False, True]),
+    ([1, 2, 3, 4, 5], [6, 7, 8, 9, 10], [False, True, False, True, False]),
+    ([7, 11], [-1, 1], [False, True]),
+]
+
+
+def test_replay_matches_eager_reference_across_buckets(device: torch.device) -> None:
+    model, runner = _setup(device)
+    gen = torch.Generator().manual_seed(1)
+    for slots, track, mask in _STEPS:
+        inputs = model.random_inputs(gen, len(slots))
+        before = model.state[:SLOTS].cpu()
+        pool, y_ref = model.oracle(before, inputs, slots, track, mask)
+        out = runner.run(_fwd(device, slots, track, mask), {"x": inputs["x"].to(device)})
+        assert out["y"].shape == (len(slots), H)
+        torch.testing.assert_close(out["y"].cpu(), y_ref, rtol=1e-5, atol=1e-5)
+        assert torch.equal(model.state[:SLOTS].cpu(), pool)
+
+
+def test_bucket_selection_pads_to_the_smallest_captured_bucket() -> None:
+    _, runner = _setup(torch.device("cpu"))
+    assert [runner.bucket_for(bs) for bs in range(1, MAX_BS + 1)] == [1, 2, 4, 4, 5]
+    assert runner.captured
+
+
+def test_run_before_capture_is_refused() -> None:
+    buffers = StaticBuffers(max_bs=2, num_slots=4, device="cpu")
+    runner = GraphRunner(lambda md, ins: {}, buffers)
+    assert not runner.captured
+    with pytest.raises(RuntimeError, match="capture"):
+        runner.run(_fwd(torch.device("cpu"), [1], [-1], [False]))
+
+
+def test_run_refuses_bs_past_max_bs() -> None:
+    _, runner = _setup(torch.device("cpu"))
+    with pytest.raises(ValueError, match="max_bs"):
+        runner.run(_fwd(torch.device("cpu"), list(range(MAX_BS + 1)), [-1] * 6, [False] * 6))
+
+
+@pytest.mark.parametrize("buckets", [(), (0, 2), (1, 2)])
+def test_buckets_must_end_at_max_bs(buckets: tuple[int, ...]) -> None:
+    buffers = StaticBuffers(max_bs=3, num_slots=4, device="cpu")
+    with pytest.raises(ValueError, match="buckets"):
+        GraphRunner(lambda md, ins: {}, buffers, buckets=buckets)
+
+
+def test_backend_device_must_match_buffers() -> None:
+    buffers = StaticBuffers(max_bs=3, num_slots=4, device="cpu")
+    with pytest.raises(ValueError, match="device"):
+        GraphRunner(lambda md, ins: {}, buffers, backend=EmulatedGraphBackend("meta"))
+
+
+def test_outputs_must_be_per_row() -> None:
+    buffers = StaticBuffers(max_bs=3, num_slots=4, device="cpu")
+
+    def step(md: Mamba2Metadata, ins: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {"bad": torch.zeros(7)}
+
+    with pytest.raises(ValueError, match="output 'bad'"):
+        GraphRunner(step, buffers).capture()
+
+
+def test_a_step_that_syncs_cannot_be_captured() -> None:
+    buffers = StaticBuffers(max_bs=2, num_slots=4, device="cpu")
+
+    def step(md: Mamba2Metadata, ins: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        n = int((md.mamba_cache_indices >= 0).sum())  # a host decision from device data
+        return {"y": md.mamba_cache_indices[:n].float()}
+
+    with pytest.raises(GraphCaptureError, match="sync"):
+        GraphRunner(step, buffers).capture()
+
+
+@pytest.mark.gpu
+def test_run_path_does_not_sync_the_device() -> None:
+    device = torch.device("cuda")
+    model, runner = _setup(device)
+    gen = torch.Generator().manual_seed(2)
+    steps = [
+        (_fwd(device, s, t, m), {"x": torch.randn(len(s), H, D, generator=gen).to(device)})
+        for s, t, m in _STEPS
+    ]
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for fwd, inputs in steps:
+            runner.run(fwd, inputs)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    assert torch.isfinite(model.state).all()
+
+
+def test_target_verify_runner_slices_per_token_outputs() -> None:
+    draft = 3
+    buffers = StaticBuffers(
+        max_bs=4,
+        num_slots=8,
+        device="cpu",
+        static={"is_target_verify": True, "draft_token_num": draft},
+        inputs={"h": InputSpec((2,), torch.float32, rows="tokens")},
+    )
+
+    def step(md: Mamba2Metadata, ins: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        # Per token: h + the token's row slot; per row: the row's slot.
+        slots = md.mamba_cache_indices.repeat_interleave(md.draft_token_num)
+        return {"tok": ins["h"] + slots[:, None], "row": md.mamba_cache_indices * 10}
+
+    runner = GraphRunner(step, buffers, buckets=(2, 4))
+    runner.capture()
+    fwd = ForwardMetadata(
+        query_start_loc=torch.tensor([0, 3]),
+        mamba_cache_indices=torch.tensor([5]),
+        is_target_verify=True,
+        draft_token_num=draft,
+    )
+    out = runner.run(fwd, {"h": torch.ones(3, 2)})
+    assert out["tok"].tolist() == [[6.0, 6.0]] * 3
+    assert out["row"].tolist() == [50]
+
+
+def test_capture_in_debug_mode_turns_syncing_step_checks_off() -> None:
+    # Debug checks read device values; inside a capture they would sync, so capture runs
+    # with debug mode off, while refresh still runs its own checks in debug mode.
+    seen: list[bool] = []
+
+    def step(md: Mamba2Metadata, ins: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        seen.append(is_debug())
+        return {"y": md.mamba_cache_indices + 1}
+
+    runner = GraphRunner(step, StaticBuffers(max_bs=2, num_slots=4, device="cpu"))
+    with debug_mode():
+        runner.capture()
+        assert seen and not any(seen)
+        with pytest.raises(ValueError, match="duplicate live slot"):
+            runner.run(_fwd_unchecked([1, 1]))
+        assert runner.run(_fwd_unchecked([3]))["y"].tolist() == [4]
+
+
+def _fwd_unchecked(slots: list[int]) -> ForwardMetadata:
+    with debug_mode(False):  # build a bad step without the core's own debug checks
+        return ForwardMetadata(
+            query_start_loc=torch.arange(len(slots) + 1),
+            mamba_cache_indices=torch.tensor(slots),
+        )

@@ -1,0 +1,54 @@
+"""Shared helpers of the kernel tests: the tolerance table, NaN-filled allocation, checks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+# The one table of tolerances, keyed by the dtype of the tensor compared
+# (mamba_ssm / causal-conv1d conventions; bf16 one rounding step of values up to ~10).
+TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+    torch.float32: (3e-4, 1e-3),
+    torch.float16: (1e-3, 5e-3),
+    torch.bfloat16: (1e-2, 5e-2),
+}
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def nan_empty(*shape: int, dtype: torch.dtype, device: torch.device = DEVICE) -> torch.Tensor:
+    """A fresh allocation filled with NaN (reading unwritten memory then shows)."""
+    return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    """Compare with the tolerance of ``expected.dtype``; NaN never passes."""
+    assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
+    assert not bool(torch.isnan(actual).any()), f"{what}: NaN in result"
+    rtol, atol = TOLERANCES[expected.dtype]
+    torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol, msg=lambda m: f"{what}: {m}")
+
+
+def assert_slots_bitwise(
+    actual: torch.Tensor, original: torch.Tensor, untouched: torch.Tensor, what: str
+) -> None:
+    """Slots listed in ``untouched`` (along dim 0) must be bit-identical to ``original``."""
+    if untouched.numel() == 0:
+        return
+    assert torch.equal(bits(actual[untouched]), bits(original[untouched])), (
+        f"{what}: a slot no live row references changed"
+    )
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """The raw bytes of ``t`` (any layout), for bit-exact comparisons (NaN == NaN)."""
+    # A fresh buffer: `.contiguous()` may keep an odd stride on size-1 dims.
+    dense = torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t)
+    return dense.view(torch.uint8)
+
+
+def compiled_count(kernel: Any) -> int:
+    """Number of compiled variants of a ``triton.jit`` kernel (GPU only)."""
+    caches = kernel.device_caches
+    return sum(len(entry[0]) for entry in caches.values())

@@ -1,0 +1,244 @@
+"""GPU-only kernel tests: Nemotron-Nano-9B-v2 shapes, recompilation, CUDA-graph replay."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hybridmeta.kernels import causal_conv1d_update, ssm_state_update, track_save
+from hybridmeta.kernels._config import SsmLaunchConfig
+from hybridmeta.kernels.conv_update import _conv_update_kernel
+from hybridmeta.kernels.reference import (
+    causal_conv1d_update_ref,
+    ssm_state_update_ref,
+    track_save_ref,
+)
+from hybridmeta.kernels.ssm_update import _ssm_update_kernel, launch_ssm_update
+from hybridmeta.kernels.track_save import _track_save_kernel
+from tests.kernels._support import assert_close, assert_slots_bitwise, bits, compiled_count
+
+pytestmark = pytest.mark.gpu
+
+# Nemotron-Nano-9B-v2 Mamba layer (tensor parallel 1).
+H, P, N, G, CONV_DIM, K = 128, 80, 128, 8, 12288, 4
+CUDA = torch.device("cuda")
+
+
+def _ssm_inputs(
+    bs: int, slots: int, seed: int, act: torch.dtype = torch.bfloat16
+) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape: int, scale: float = 1.0) -> torch.Tensor:
+        return (torch.randn(*shape, generator=g) * scale).to(CUDA)
+
+    return {
+        "x": rnd(bs, H, P).to(act),
+        "dt": rnd(bs, H, scale=0.5).to(act),
+        "A": -torch.rand(H, generator=g).to(CUDA) * 2.0,
+        "B": rnd(bs, G, N).to(act),
+        "C": rnd(bs, G, N).to(act),
+        "D": rnd(H),
+        "z": rnd(bs, H, P).to(act),
+        "dt_bias": rnd(H, scale=0.5),
+    }
+
+
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
+def test_ssm_nano_shapes_match_reference(state_dtype: torch.dtype) -> None:
+    slots = 24
+    src = torch.tensor([5, -1, 17, 2, -1, 9], device=CUDA)  # pads shuffled among live rows
+    trk = torch.tensor([20, 3, -1, 11, 0, 21], device=CUDA)
+    mask = torch.tensor([True, True, False, True, True, False], device=CUDA)
+    a = _ssm_inputs(src.shape[0], slots, 0)
+    state0 = torch.randn(slots, H, P, N, device=CUDA).to(state_dtype)
+    ref_state, ref_out = ssm_state_update_ref(
+        state0, a["x"], a["dt"], a["A"], a["B"], a["C"], src, D=a["D"], z=a["z"],
+        dt_bias=a["dt_bias"], dt_softplus=True, track_indices=trk, track_mask=mask,
+    )  # fmt: skip
+    state = state0.clone()
+    out = torch.full_like(a["x"], float("nan"))
+    ssm_state_update(
+        state, a["x"], a["dt"], a["A"], a["B"], a["C"], state_indices=src, D=a["D"], z=a["z"],
+        dt_bias=a["dt_bias"], dt_softplus=True, track_indices=trk, track_mask=mask, out=out,
+    )  # fmt: skip
+    assert bool((out[[1, 4]] == 0).all())
+    assert_close(out, ref_out, "out")
+    written = [5, 17, 2, 9, 20, 11]
+    untouched = torch.tensor([s for s in range(slots) if s not in written], device=CUDA)
+    assert_slots_bitwise(state, state0, untouched, "state")
+    w = torch.tensor(written, device=CUDA)
+    assert_close(state[w], ref_state[w], "written slots")
+
+
+def test_conv_and_track_save_nano_shapes_match_reference() -> None:
+    slots = 12
+    src = torch.tensor([3, -1, 7, 0], device=CUDA)
+    x = torch.randn(4, CONV_DIM, device=CUDA).to(torch.bfloat16)
+    w = (torch.randn(CONV_DIM, K, device=CUDA) * 0.5).to(torch.bfloat16)
+    b = torch.randn(CONV_DIM, device=CUDA).to(torch.bfloat16)
+    cs0 = torch.randn(slots, CONV_DIM, K - 1, device=CUDA).to(torch.bfloat16)
+    ref_cs, ref_out = causal_conv1d_update_ref(x, cs0, w, b, src, silu=True)
+    cs = cs0.clone()
+    out = torch.full_like(x, float("nan"))
+    causal_conv1d_update(x, cs, w, b, cache_indices=src, out=out)
+    assert_close(out, ref_out, "conv out")
+    # On the GPU every cast rounds to nearest like torch: the new state is bit-exact.
+    assert torch.equal(bits(cs), bits(ref_cs))
+
+    layers = 27
+    conv_pool = torch.randn(layers, slots, CONV_DIM, K - 1, device=CUDA).to(torch.bfloat16)
+    ssm_pool = torch.randn(layers, slots, H, P, N, device=CUDA)
+    trk = torch.tensor([9, 10, 11, 8], device=CUDA)
+    mask = torch.tensor([True, True, False, True], device=CUDA)
+    ref_conv, ref_ssm = track_save_ref(conv_pool, ssm_pool, src, trk, mask)
+    track_save(conv_pool, ssm_pool, src_indices=src, track_indices=trk, track_mask=mask)
+    assert torch.equal(bits(conv_pool), bits(ref_conv))
+    assert torch.equal(bits(ssm_pool), bits(ref_ssm))
+
+
+def test_new_batch_size_never_recompiles() -> None:
+    slots = 160
+    state = torch.randn(slots, H, P, N, device=CUDA)
+    cs = torch.randn(slots, CONV_DIM, K - 1, device=CUDA).to(torch.bfloat16)
+    w = torch.randn(CONV_DIM, K, device=CUDA).to(torch.bfloat16)
+    conv_pool = torch.randn(2, slots, 8, K - 1, device=CUDA).to(torch.bfloat16)
+    ssm_pool = torch.randn(2, slots, 2, 4, 8, device=CUDA)
+    counts: list[tuple[int, int, int]] = []
+    for i, bs in enumerate((1, 2, 3, 7, 16, 33, 64)):
+        a = _ssm_inputs(bs, slots, i)
+        perm = torch.randperm(slots, device=CUDA)
+        # Fresh (16-byte aligned) index tensors, as static buffers are: pointer alignment is
+        # a specialisation of its own, batch size must not be.
+        src, trk = perm[:bs].clone(), perm[bs : 2 * bs].clone()
+        mask = torch.rand(bs, device=CUDA) < 0.5
+        ssm_state_update(
+            state, a["x"], a["dt"], a["A"], a["B"], a["C"], state_indices=src, D=a["D"],
+            z=a["z"], dt_bias=a["dt_bias"], dt_softplus=True, track_indices=trk, track_mask=mask,
+        )  # fmt: skip
+        causal_conv1d_update(
+            torch.randn(bs, CONV_DIM, device=CUDA).to(torch.bfloat16), cs, w, cache_indices=src
+        )
+        track_save(conv_pool, ssm_pool, src_indices=src, track_indices=trk, track_mask=mask)
+        torch.cuda.synchronize()
+        counts.append(
+            (
+                compiled_count(_ssm_update_kernel),
+                compiled_count(_conv_update_kernel),
+                compiled_count(_track_save_kernel),
+            )
+        )
+    assert all(c == counts[0] for c in counts), f"compiled variants per bs: {counts}"
+
+
+def test_cuda_graph_replay_ignores_garbage_past_bs() -> None:
+    """Capture at bs=5 on [:5] views of 8-row static buffers; replay with fresh inputs and a
+    garbage tail (other rows' live slots, out-of-range ids, NaN, True flags) each time."""
+    max_bs, bs, slots, layers = 8, 5, 32, 3
+    state = torch.randn(slots, H, P, N, device=CUDA)
+    cs = torch.randn(slots, CONV_DIM, K - 1, device=CUDA).to(torch.bfloat16)
+    w = torch.randn(CONV_DIM, K, device=CUDA).to(torch.bfloat16)
+    conv_pool = torch.randn(layers, slots, 64, K - 1, device=CUDA).to(torch.bfloat16)
+    ssm_pool = torch.randn(layers, slots, 4, 8, 16, device=CUDA)
+    a0 = _ssm_inputs(max_bs, slots, 0)
+    static = {k: v.clone() for k, v in a0.items()}
+    static_x_conv = torch.randn(max_bs, CONV_DIM, device=CUDA).to(torch.bfloat16)
+    static_src = torch.full((max_bs,), -1, dtype=torch.int64, device=CUDA)
+    static_trk = torch.full((max_bs,), -1, dtype=torch.int64, device=CUDA)
+    static_mask = torch.zeros(max_bs, dtype=torch.bool, device=CUDA)
+    out = torch.full((max_bs, H, P), float("nan"), device=CUDA).to(torch.bfloat16)
+    conv_out = torch.full((max_bs, CONV_DIM), float("nan"), device=CUDA).to(torch.bfloat16)
+
+    def step() -> None:
+        v = {k: t[:bs] if t.shape[0] == max_bs else t for k, t in static.items()}
+        ssm_state_update(
+            state, v["x"], v["dt"], v["A"], v["B"], v["C"], state_indices=static_src[:bs],
+            D=v["D"], z=v["z"], dt_bias=v["dt_bias"], dt_softplus=True,
+            track_indices=static_trk[:bs], track_mask=static_mask[:bs], out=out[:bs],
+        )  # fmt: skip
+        causal_conv1d_update(
+            static_x_conv[:bs], cs, w, cache_indices=static_src[:bs], out=conv_out[:bs]
+        )
+        track_save(
+            conv_pool, ssm_pool, src_indices=static_src[:bs], track_indices=static_trk[:bs],
+            track_mask=static_mask[:bs],
+        )  # fmt: skip
+
+    # Warm up (compiles) on a side stream, then capture.
+    side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+
+    for seed in (1, 2):
+        g = torch.Generator().manual_seed(seed)
+        perm = torch.randperm(slots, generator=g).to(CUDA)
+        src = perm[:bs].clone()
+        src[seed] = -1  # a pad row among live rows
+        trk = perm[bs : 2 * bs]
+        mask = torch.tensor([True, False, True, True, False], device=CUDA)
+        fresh = _ssm_inputs(bs, slots, 10 + seed)
+        xc = torch.randn(bs, CONV_DIM, generator=g).to(CUDA, torch.bfloat16)
+        # In-place refresh of the live prefix; garbage in the tail.
+        for k in ("x", "dt", "B", "C", "z"):
+            static[k][:bs] = fresh[k]
+            static[k][bs:] = float("nan")
+        static_x_conv[:bs] = xc
+        static_x_conv[bs:] = float("nan")
+        static_src[:bs] = src
+        static_src[bs:] = torch.tensor([int(src[0]), slots + 3, 2**30], device=CUDA)
+        static_trk[:bs] = trk
+        static_trk[bs:] = torch.tensor([int(src[2]), int(trk[0]), slots], device=CUDA)
+        static_mask[:bs] = mask
+        static_mask[bs:] = True
+        out[bs:] = float("nan")
+        conv_out[bs:] = float("nan")
+
+        s0, c0, cp0, sp0 = state.clone(), cs.clone(), conv_pool.clone(), ssm_pool.clone()
+        ref_state, ref_out = ssm_state_update_ref(
+            s0, fresh["x"], fresh["dt"], static["A"], fresh["B"], fresh["C"], src, D=static["D"],
+            z=fresh["z"], dt_bias=static["dt_bias"], dt_softplus=True, track_indices=trk,
+            track_mask=mask,
+        )  # fmt: skip
+        ref_cs, ref_co = causal_conv1d_update_ref(xc, c0, w, None, src, silu=True)
+        ref_cp, ref_sp = track_save_ref(cp0, sp0, src, trk, mask)
+
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_close(out[:bs], ref_out, "replayed ssm out")
+        assert_close(state, ref_state, "replayed ssm state")
+        assert_close(conv_out[:bs], ref_co, "replayed conv out")
+        assert torch.equal(bits(cs), bits(ref_cs))
+        assert torch.equal(bits(conv_pool), bits(ref_cp))
+        assert torch.equal(bits(ssm_pool), bits(ref_sp))
+        assert bool(torch.isnan(out[bs:]).all())
+        assert bool(torch.isnan(conv_out[bs:]).all())
+
+
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("block_p", "num_warps"), [(4, 1), (8, 1), (16, 1), (8, 2), (16, 2)])
+def test_ssm_tile_shapes_match_reference(
+    state_dtype: torch.dtype, block_p: int, num_warps: int
+) -> None:
+    """Every candidate tile shape of the SSM update is right at Nano shapes."""
+    slots = 12
+    src = torch.tensor([5, -1, 9, 2], device=CUDA)
+    a = _ssm_inputs(src.shape[0], slots, 3)
+    state0 = torch.randn(slots, H, P, N, device=CUDA).to(state_dtype)
+    ref_state, ref_out = ssm_state_update_ref(
+        state0, a["x"], a["dt"], a["A"], a["B"], a["C"], src, D=a["D"], z=a["z"],
+        dt_bias=a["dt_bias"], dt_softplus=True,
+    )  # fmt: skip
+    state = state0.clone()
+    out = torch.full_like(a["x"], float("nan"))
+    launch_ssm_update(
+        state, a["x"], a["dt"], a["A"], a["B"], a["C"], out, src, D=a["D"], z=a["z"],
+        dt_bias=a["dt_bias"], dt_softplus=True, dst_indices=None, track_indices=None,
+        track_mask=None, config=SsmLaunchConfig(block_p=block_p, num_warps=num_warps),
+    )  # fmt: skip
+    assert_close(out, ref_out, "out")
+    assert_close(state, ref_state, "state")

@@ -1,0 +1,155 @@
+"""Unit tests of the mixed-batch planner: worked examples and refusals."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from hybridmeta.prefill import plan_mixed_batch
+
+
+def _plan(**over: Any) -> Any:
+    kw: dict[str, Any] = {
+        "extend_lens": [5, 5],
+        "prefix_lens": [0, 0],
+        "slots": [0, 1],
+        "num_decodes": 0,
+        "chunk_size": 8,
+        "conv_kernel": 4,
+    }
+    kw.update(over)
+    return plan_mixed_batch(**kw)
+
+
+def test_reference_example_logical_chunks() -> None:
+    # REFERENCE.md §3: query_start_loc=[0,5,10], chunk=8 -> indices [0,0,1], offsets [0,5,0]
+    plan = _plan()
+    mixed = plan.metadata.mixed
+    assert mixed is not None
+    assert mixed.chunk_indices.tolist() == [0, 0, 1]
+    assert mixed.chunk_offsets.tolist() == [0, 5, 0]
+    assert plan.chunk_start.tolist() == [0, 5, 8]
+    assert plan.chunk_len.tolist() == [5, 3, 2]
+    assert plan.chunk_row.tolist() == [0, 1, 1]
+    assert plan.chunk_first.tolist() == [True, True, False]
+    assert plan.row_last_chunk.tolist() == [0, 2]
+    assert plan.phys_last_chunk.tolist() == [1, 2]
+    assert mixed.seq_idx.tolist() == [0] * 5 + [1] * 5
+    assert mixed.has_initial_states.tolist() == [False, False]
+    assert mixed.prep_initial_states is False
+
+
+def test_track_kinds_worked_example() -> None:
+    # chunk 4, interval 4. Row 0: tokens 0..4 (prefix 2): last boundary abs 4 -> k=2, g=2:
+    # off grid. Row 1: tokens 5..8 (prefix 1): boundary abs 4 -> k=3, g=8: on grid, h[1].
+    # Row 2: tokens 9..11 (prefix 5): boundary abs 8 ends the row -> final.
+    # Row 3 (decode, prefix 7): 7+1 = 8 -> final. Row 4 (decode, prefix 8): no boundary.
+    plan = _plan(
+        extend_lens=[5, 4, 3, 1, 1],
+        prefix_lens=[2, 1, 5, 7, 8],
+        slots=[0, 1, 2, 3, 4],
+        num_decodes=2,
+        chunk_size=4,
+        track_interval=4,
+        track_mask=[True, True, True, True, True],
+        track_slots=[10, 11, 12, 13, 14],
+    )
+    tr = plan.track
+    assert tr.recompute_rows == (0,)
+    assert tr.recompute_chunk.tolist() == [0]  # token 1 is in logical chunk 0 (tokens 0..3)
+    assert tr.recompute_len.tolist() == [2]
+    assert tr.recompute_dst.tolist() == [10]
+    assert tr.h_rows == (1,)
+    assert tr.h_src.tolist() == [1]
+    assert tr.h_dst.tolist() == [11]
+    assert tr.final_rows == (2, 3)
+    assert tr.final_src.tolist() == [2, 3]
+    assert tr.final_dst.tolist() == [12, 13]
+    # conv windows (K-1 = 3) before g, h entries first: row 1 (g=8): tokens 5, 6, 7;
+    # row 0 (g=2): init column 2 of row 0 (extended index T + r*3 + c, T = 12), tokens 0, 1.
+    assert tr.conv_indices.tolist() == [[5, 6, 7], [12 + 0 + 2, 0, 1]]
+    assert tr.conv_dst.tolist() == [11, 10]
+    md = plan.metadata
+    assert md.has_mamba_track_mask is True
+    assert md.track_ssm_final_src is not None
+    assert md.track_ssm_final_src.tolist() == [2, 3]
+
+
+def test_decode_only_batch_uses_prepare_decode() -> None:
+    plan = _plan(extend_lens=[1, 1], prefix_lens=[3, 9], num_decodes=2)
+    assert plan.metadata.mixed is None
+    assert plan.metadata.num_decodes == 2
+    assert plan.num_prefill_tokens == 0
+    assert plan.num_logical_chunks == 0
+
+
+def test_accepts_cpu_tensors() -> None:
+    plan = _plan(
+        extend_lens=torch.tensor([5, 5]),
+        prefix_lens=torch.tensor([0, 3], dtype=torch.int32),
+        slots=torch.tensor([4, 2]),
+    )
+    assert plan.metadata.mamba_cache_indices.tolist() == [4, 2]
+    assert plan.has_initial_states.tolist() == [False, True]
+
+
+@pytest.mark.parametrize(
+    ("over", "match"),
+    [
+        ({"chunk_size": 0}, "chunk_size must be > 0"),
+        ({"conv_kernel": 1}, "conv_kernel must be >= 2"),
+        (
+            {"track_interval": 12, "track_mask": [True, False], "track_slots": [5, -1]},
+            r"track_interval \(12\) must be a positive multiple of the SSM chunk_size \(8\)",
+        ),
+        ({"prefix_lens": [0]}, "prefix_lens has 1 rows but extend_lens has 2"),
+        ({"slots": [0, 1, 2]}, "slots has 3 rows but extend_lens has 2"),
+        ({"extend_lens": [5, 0]}, r"extend_lens\[1\] = 0"),
+        ({"prefix_lens": [0, -1]}, r"prefix_lens\[1\] = -1 must be >= 0"),
+        ({"num_decodes": 1}, r"extend_lens\[1\] = 5 but row 1 is a decode row"),
+        (
+            {"extend_lens": [5, 1], "num_decodes": 1},
+            r"prefix_lens\[1\] = 0 but row 1 is a decode row",
+        ),
+        ({"num_decodes": 3}, r"num_decodes must be in \[0, 2\]"),
+        ({"slots": [1, 1]}, "duplicate working slot"),
+        ({"slots": [0, -1]}, r"slots\[1\] = -1"),
+        (
+            {"track_interval": 8, "track_mask": [True, False], "track_slots": [1, 7]},
+            r"track_slots\[0\] = 1 is also a working slot",
+        ),
+        (
+            {"track_interval": 8, "track_mask": [True, True], "track_slots": [7, 7]},
+            "two tracked rows share one track slot",
+        ),
+        (
+            {"track_interval": 8, "track_mask": [False, True], "track_slots": [7, -1]},
+            r"track_slots\[1\] = -1 but track_mask\[1\] is set",
+        ),
+        ({"track_mask": [True, False], "track_slots": [5, 6]}, "without track_interval"),
+        ({"track_interval": 8, "track_mask": [True, False]}, "without track_slots"),
+        ({"extend_lens": [], "prefix_lens": [], "slots": []}, "no rows"),
+        ({"extend_lens": [1.5, 2.0]}, "extend_lens must hold integers"),
+        (
+            {"track_interval": 8, "track_mask": [1, 0], "track_slots": [5, 6]},
+            "track_mask must be bool",
+        ),
+    ],
+)
+def test_refuses_inconsistent_input(over: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        _plan(**over)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a device tensor")
+def test_refuses_device_tensors() -> None:
+    with pytest.raises(ValueError, match="extend_lens must be host data"):
+        _plan(extend_lens=torch.tensor([5, 5], device="cuda"))
+
+
+def test_refuses_meta_tensors_as_host_data() -> None:
+    # any non-CPU tensor is refused before it is read (meta stands in for a device here)
+    with pytest.raises(ValueError, match="slots must be host data"):
+        _plan(slots=torch.tensor([0, 1], device="meta"))

@@ -1,0 +1,189 @@
+"""The step loop: cache hits equal cold recompute, graph replay equals eager, slots are safe."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+import torch
+
+from hybridmeta.runtime.decode_graphs import decode_metadata
+from hybridmeta.runtime.engine import Finished, Runtime, RuntimeOptions, cold_logits
+from hybridmeta.runtime.job import kl_per_position
+from hybridmeta.runtime.model import NemotronH
+
+KL_FP32 = 1e-6
+
+
+def _opts(**kw: object) -> RuntimeOptions:
+    base: dict[str, object] = {
+        "num_working": 3,
+        "num_track": 8,
+        "max_len": 96,
+        "track_interval": 16,
+        "max_prefill_tokens": 64,
+        "use_graphs": True,
+    }
+    base.update(kw)
+    return RuntimeOptions(**base)  # type: ignore[arg-type]
+
+
+def _tokens(n: int, seed: int, vocab: int = 96) -> list[int]:
+    gen = torch.Generator().manual_seed(seed)
+    return [int(t) for t in torch.randint(0, vocab, (n,), generator=gen)]
+
+
+def _cold_kl(model: NemotronH, f: Finished) -> torch.Tensor:
+    """KL(runtime || cold recompute) at every output position of ``f``."""
+    cold = cold_logits(model, f.tokens[:-1])[len(f.prompt) - 1 :].log_softmax(-1)
+    return kl_per_position(f.logprobs, cold)
+
+
+def _run(rt: Runtime, prompts: Sequence[tuple[list[int], int]]) -> list[Finished]:
+    rids = [rt.submit(p, n) for p, n in prompts]
+    done = rt.run()
+    return [done[r] for r in rids]
+
+
+@pytest.mark.parametrize("prefill", ["hybridmeta", "torch"])
+def test_hits_at_prefill_and_decode_made_boundaries_equal_cold(
+    tiny_model: NemotronH, prefill: str
+) -> None:
+    rt = Runtime(tiny_model, _opts(prefill_backend=prefill))
+    base = _tokens(37, seed=1)
+    # boundaries 16 (torch backend only: hybridmeta.prefill saves a row's last one) and
+    # 32 in prefill; 48 in decode
+    (first,) = _run(rt, [(base, 20)])
+    assert first.cached_tokens == 0
+    follow = _run(
+        rt,
+        [
+            ([*base[:35], 1, 2], 5),  # hits 32 (prefill-made)
+            ([*base[:20], 1, 2], 5),  # hits 16 (torch) / misses (hybridmeta)
+            ([*list(first.tokens[:50]), 3], 6),  # hits 48 (decode-made)
+        ],
+    )
+    assert [f.cached_tokens for f in follow] == [32, 16 if prefill == "torch" else 0, 48]
+    for f in [first, *follow]:
+        assert float(_cold_kl(tiny_model, f).max()) <= KL_FP32
+    assert rt.cache.hits == (3 if prefill == "torch" else 2)
+
+
+def test_triton_decode_kernels_in_graphs_equal_cold(tiny_model: NemotronH) -> None:
+    """hybridmeta.kernels under the graph emulation (Triton interpreter on the CPU)."""
+    rt = Runtime(tiny_model, _opts(decode_kernels="triton", num_working=2))
+    base = _tokens(30, seed=5)
+    (first,) = _run(rt, [(base, 4)])  # boundary 32 reached by decode
+    (hit,) = _run(rt, [([*list(first.tokens[:33]), 9], 2)])
+    assert hit.cached_tokens == 32
+    for f in (first, hit):
+        assert float(_cold_kl(tiny_model, f).max()) <= KL_FP32
+
+
+def test_graph_replay_equals_eager(tiny_model: NemotronH) -> None:
+    prompts = [(_tokens(n, seed=n), 9) for n in (5, 17, 23)]
+    graph = _run(Runtime(tiny_model, _opts(num_working=4)), prompts)
+    rt_e = Runtime(tiny_model, _opts(num_working=4, use_graphs=False))
+    rids = [rt_e.submit(p, n, forced=g.output) for (p, n), g in zip(prompts, graph, strict=True)]
+    eager = [rt_e.run()[r] for r in rids]
+    for g, e in zip(graph, eager, strict=True):
+        assert g.output == e.output
+        # the graph runs the padded bucket (4 rows for 3), eager the exact batch: GEMMs of
+        # different row counts round differently in the last bits, nothing more
+        torch.testing.assert_close(g.logprobs, e.logprobs, atol=5e-5, rtol=0)
+        assert float(kl_per_position(g.logprobs, e.logprobs).max()) <= 1e-9
+
+
+def test_queueing_when_out_of_slots_keeps_live_state(tiny_model: NemotronH) -> None:
+    prompts = [(_tokens(n, seed=100 + n), 6) for n in (9, 18, 4, 12)]
+    rt1 = Runtime(tiny_model, _opts(num_working=1, max_decode_bs=1))
+    rid0 = rt1.submit(*prompts[0])
+    rt1.step()
+    assert rt1.num_running == 1
+    for p, n in prompts[1:]:
+        rt1.submit(p, n)
+    assert rt1.num_waiting == 3
+    rt1.step()
+    assert rt1.num_running == 1  # the others wait for the slot
+    done = rt1.run()
+    assert len(done) == 4
+    assert rt1.working.num_free == 1
+    for f in done.values():
+        assert float(_cold_kl(tiny_model, f).max()) <= KL_FP32
+    assert done[rid0].cached_tokens == 0
+
+
+def test_chunked_prefill_and_track_eviction(tiny_model: NemotronH) -> None:
+    # budget of one interval per step: a 45-token prompt takes three steps
+    rt = Runtime(tiny_model, _opts(num_track=1, max_prefill_tokens=16))
+    prompt = _tokens(45, seed=3)
+    rid = rt.submit(prompt, 4)
+    sizes = []
+    while rt.has_work:
+        sizes.append(rt.step().prefill_tokens)
+    assert sizes[:3] == [16, 16, 13]
+    assert rt.cache.evictions >= 1  # one track slot for boundaries 16 and 32
+    assert len(rt.cache) == 1
+    assert float(_cold_kl(tiny_model, rt.finished[rid]).max()) <= KL_FP32
+    # the surviving entry is the latest boundary: 48, made by decode (45 + 3 steps)
+    (hit,) = _run(rt, [(list(rt.finished[rid].tokens[:49]), 3)])
+    assert hit.cached_tokens == 48
+    assert float(_cold_kl(tiny_model, hit).max()) <= KL_FP32
+
+
+def test_decode_graph_pad_rows_leave_other_slots_untouched(tiny_model: NemotronH) -> None:
+    rt = Runtime(tiny_model, _opts(num_working=4))
+    _run(rt, [(_tokens(n, seed=n), 3) for n in (7, 11, 19)])
+    assert rt.graphs is not None
+    assert rt.graphs.buckets == (1, 2, 4)
+    pool = rt.pool
+    before = [t.clone() for t in (pool.conv, pool.ssm, pool.k, pool.v)]
+    # 3 live rows in bucket 4 (row 3 is padding); row 0 also saves its state to track slot 9
+    fwd = decode_metadata(
+        torch.tensor([2, 3, 4]), torch.tensor([9, -1, -1]), torch.tensor([True, False, False])
+    )
+    rt.graphs.run(fwd, torch.tensor([5, 6, 7]), torch.tensor([20, 21, 22]))
+    others = [s for s in range(pool.num_slots) if s not in (0, 2, 3, 4, 9)]
+    after = (pool.conv, pool.ssm, pool.k, pool.v)
+    for b, a in zip(before, after, strict=True):
+        assert torch.equal(b[:, others], a[:, others])
+        assert not torch.equal(b[:, 2], a[:, 2])  # the live rows did write their slots
+    # the track slot got row 0's new Mamba state (the KV row is the engine's copy)
+    assert torch.equal(pool.conv[:, 9], pool.conv[:, 2])
+    assert torch.equal(pool.ssm[:, 9], pool.ssm[:, 2])
+
+
+def test_submit_refuses_bad_requests(tiny_model: NemotronH) -> None:
+    rt = Runtime(tiny_model, _opts(use_graphs=False))
+    with pytest.raises(ValueError, match="prompt must not be empty"):
+        rt.submit([], 3)
+    with pytest.raises(ValueError, match=r"token ids must lie in \[0, 96\)"):
+        rt.submit([1, 96], 3)
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 1"):
+        rt.submit([1], 0)
+    with pytest.raises(ValueError, match="must be <= max_len 96"):
+        rt.submit([1] * 90, 7)
+    with pytest.raises(ValueError, match="forced must hold max_new_tokens=3"):
+        rt.submit([1], 3, forced=[1, 2])
+    assert not rt.has_work
+
+
+def test_runtime_options_are_validated(tiny_model: NemotronH) -> None:
+    with pytest.raises(ValueError, match="multiple of the model's chunk_size 8"):
+        Runtime(tiny_model, _opts(track_interval=12))
+    with pytest.raises(ValueError, match="max_prefill_tokens must be >= track_interval"):
+        Runtime(tiny_model, _opts(max_prefill_tokens=8))
+    with pytest.raises(ValueError, match="prefill_backend must be 'torch' or 'hybridmeta'"):
+        Runtime(tiny_model, _opts(prefill_backend="cuda"))
+    with pytest.raises(ValueError, match="decode_kernels must be 'torch' or 'triton'"):
+        Runtime(tiny_model, _opts(decode_kernels="flashinfer"))
+
+
+def test_identical_prompts_in_one_step_share_one_track_slot(tiny_model: NemotronH) -> None:
+    rt = Runtime(tiny_model, _opts())
+    prompt = _tokens(20, seed=11)
+    a, b = _run(rt, [(prompt, 4), (prompt, 4)])
+    assert a.output == b.output
+    assert len(rt.cache.slots.used) == len(rt.cache)  # no leaked track slot
+    assert rt.working.num_free == rt.options.num_working
+    assert float(_cold_kl(tiny_model, a).max()) <= KL_FP32
