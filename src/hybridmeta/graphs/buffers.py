@@ -29,6 +29,7 @@ import torch
 
 from hybridmeta.core import INDEX, FieldSpec, fields_of
 from hybridmeta.debug import is_debug
+from hybridmeta.graphs.capture import canonical_device
 from hybridmeta.model import ForwardMetadata, Mamba2Metadata, prepare_decode, prepare_target_verify
 
 __all__ = [
@@ -177,7 +178,7 @@ class StaticBuffers:
             )
         self.max_bs = max_bs
         self.num_slots = num_slots
-        self.device = torch.device(device)
+        self.device = canonical_device(device)
         self.index_dtype = index_dtype
 
         specs = fields_of(ForwardMetadata)

@@ -42,8 +42,20 @@ __all__ = [
     "EmulatedGraphBackend",
     "GraphBackend",
     "GraphCaptureError",
+    "canonical_device",
     "default_backend",
 ]
+
+
+def canonical_device(device: torch.device | str) -> torch.device:
+    """``torch.device("cuda")`` names the current device: give it its index, so that it
+    compares equal to the device of the tensors allocated on it (``cuda:0``)."""
+    d = torch.device(device)
+    index: int | None = d.index  # None for a bare "cuda" (torch's stubs say int)
+    if d.type == "cuda" and index is None:
+        d = torch.device("cuda", torch.cuda.current_device())
+    return d
+
 
 T = TypeVar("T")
 
@@ -77,7 +89,7 @@ class GraphBackend(abc.ABC):
     name: str = "abstract"
 
     def __init__(self, device: torch.device | str) -> None:
-        self.device = torch.device(device)
+        self.device = canonical_device(device)
 
     @abc.abstractmethod
     def capture(self, fn: Callable[[], T], *, warmup: int = 1) -> CapturedGraph[T]:
