@@ -223,7 +223,10 @@ def _make_eq_hash(
         f"    return hash((self.__class__, {keys}))",
     ]
     eq = _compile(cls, "__eq__", lines, ns)
-    return eq, ns["__hash__"]
+    hash_ = ns["__hash__"]
+    hash_.__qualname__ = f"{cls.__qualname__}.__hash__"
+    hash_.__module__ = cls.__module__
+    return eq, hash_
 
 
 # --------------------------------------------------------------------------------------

@@ -46,12 +46,8 @@ def backend(request: pytest.FixtureRequest) -> GraphBackend:
     return EmulatedGraphBackend("cpu")
 
 
-def _dev(backend: GraphBackend) -> torch.device:
-    return backend.device
-
-
 def test_python_slice_is_frozen_at_capture(backend: GraphBackend) -> None:
-    buf = torch.zeros(6, device=_dev(backend))
+    buf = torch.zeros(6, device=backend.device)
     n = 2
 
     def fn() -> torch.Tensor:
@@ -66,8 +62,8 @@ def test_python_slice_is_frozen_at_capture(backend: GraphBackend) -> None:
 
 
 def test_value_written_into_static_input_is_seen(backend: GraphBackend) -> None:
-    x = torch.zeros(4, device=_dev(backend))
-    state = torch.zeros(4, device=_dev(backend))
+    x = torch.zeros(4, device=backend.device)
+    state = torch.zeros(4, device=backend.device)
 
     def fn() -> torch.Tensor:
         state.add_(x)
@@ -83,7 +79,7 @@ def test_value_written_into_static_input_is_seen(backend: GraphBackend) -> None:
 
 
 def test_new_python_branch_is_not_taken_at_replay(backend: GraphBackend) -> None:
-    out = torch.zeros(3, device=_dev(backend))
+    out = torch.zeros(3, device=backend.device)
     flag = True
 
     def fn() -> None:
@@ -101,7 +97,7 @@ def test_new_python_branch_is_not_taken_at_replay(backend: GraphBackend) -> None
 
 
 def test_outputs_keep_their_storage_across_replays(backend: GraphBackend) -> None:
-    a = torch.ones(5, device=_dev(backend))
+    a = torch.ones(5, device=backend.device)
 
     def fn() -> torch.Tensor:
         return torch.cumsum(a, 0) + a
@@ -115,8 +111,8 @@ def test_outputs_keep_their_storage_across_replays(backend: GraphBackend) -> Non
 
 
 def test_out_variant_and_views_write_through(backend: GraphBackend) -> None:
-    src = torch.zeros(4, device=_dev(backend))
-    dst = torch.full((8,), -1.0, device=_dev(backend))
+    src = torch.zeros(4, device=backend.device)
+    dst = torch.full((8,), -1.0, device=backend.device)
 
     def fn() -> None:
         torch.mul(src, 3, out=dst[2:6])  # a view of dst, written by an out= op
@@ -128,8 +124,8 @@ def test_out_variant_and_views_write_through(backend: GraphBackend) -> None:
 
 
 def test_custom_ops_are_recorded_and_replayed(backend: GraphBackend) -> None:
-    x = torch.zeros(3, device=_dev(backend))
-    out = torch.zeros(3, device=_dev(backend))
+    x = torch.zeros(3, device=backend.device)
+    out = torch.zeros(3, device=backend.device)
 
     def fn() -> torch.Tensor:
         torch.ops.hm_graphs_test.double_into(x, out)

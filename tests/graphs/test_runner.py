@@ -9,9 +9,7 @@ import torch
 
 from hybridmeta.debug import debug_mode, is_debug
 from hybridmeta.graphs import (
-    CudaGraphBackend,
     EmulatedGraphBackend,
-    GraphBackend,
     GraphCaptureError,
     GraphRunner,
     InputSpec,
@@ -30,14 +28,11 @@ def device(request: pytest.FixtureRequest) -> torch.device:
     return torch.device(request.param)
 
 
-def _backend(device: torch.device) -> GraphBackend:
-    return CudaGraphBackend(device) if device.type == "cuda" else EmulatedGraphBackend(device)
-
-
 def _setup(device: torch.device) -> tuple[ToyMamba, GraphRunner]:
     model = ToyMamba(SLOTS, H, D, gen=torch.Generator().manual_seed(0), device=device)
     buffers = StaticBuffers(max_bs=MAX_BS, num_slots=SLOTS, device=device, inputs=model.input_specs)
-    runner = GraphRunner(model.step, buffers, buckets=(1, 2, 4, MAX_BS), backend=_backend(device))
+    # The default backend: real CUDA graphs on a CUDA device, the emulation on the CPU.
+    runner = GraphRunner(model.step, buffers, buckets=(1, 2, 4, MAX_BS))
     runner.capture()
     return model, runner
 

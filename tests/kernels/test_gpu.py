@@ -24,9 +24,7 @@ H, P, N, G, CONV_DIM, K = 128, 80, 128, 8, 12288, 4
 CUDA = torch.device("cuda")
 
 
-def _ssm_inputs(
-    bs: int, slots: int, seed: int, act: torch.dtype = torch.bfloat16
-) -> dict[str, torch.Tensor]:
+def _ssm_inputs(bs: int, seed: int, act: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
 
     def rnd(*shape: int, scale: float = 1.0) -> torch.Tensor:
@@ -50,7 +48,7 @@ def test_ssm_nano_shapes_match_reference(state_dtype: torch.dtype) -> None:
     src = torch.tensor([5, -1, 17, 2, -1, 9], device=CUDA)  # pads shuffled among live rows
     trk = torch.tensor([20, 3, -1, 11, 0, 21], device=CUDA)
     mask = torch.tensor([True, True, False, True, True, False], device=CUDA)
-    a = _ssm_inputs(src.shape[0], slots, 0)
+    a = _ssm_inputs(src.shape[0], 0)
     state0 = torch.randn(slots, H, P, N, device=CUDA).to(state_dtype)
     ref_state, ref_out = ssm_state_update_ref(
         state0, a["x"], a["dt"], a["A"], a["B"], a["C"], src, D=a["D"], z=a["z"],
@@ -106,7 +104,7 @@ def test_new_batch_size_never_recompiles() -> None:
     ssm_pool = torch.randn(2, slots, 2, 4, 8, device=CUDA)
     counts: list[tuple[int, int, int]] = []
     for i, bs in enumerate((1, 2, 3, 7, 16, 33, 64)):
-        a = _ssm_inputs(bs, slots, i)
+        a = _ssm_inputs(bs, i)
         perm = torch.randperm(slots, device=CUDA)
         # Fresh (16-byte aligned) index tensors, as static buffers are: pointer alignment is
         # a specialisation of its own, batch size must not be.
@@ -140,7 +138,7 @@ def test_cuda_graph_replay_ignores_garbage_past_bs() -> None:
     w = torch.randn(CONV_DIM, K, device=CUDA).to(torch.bfloat16)
     conv_pool = torch.randn(layers, slots, 64, K - 1, device=CUDA).to(torch.bfloat16)
     ssm_pool = torch.randn(layers, slots, 4, 8, 16, device=CUDA)
-    a0 = _ssm_inputs(max_bs, slots, 0)
+    a0 = _ssm_inputs(max_bs, 0)
     static = {k: v.clone() for k, v in a0.items()}
     static_x_conv = torch.randn(max_bs, CONV_DIM, device=CUDA).to(torch.bfloat16)
     static_src = torch.full((max_bs,), -1, dtype=torch.int64, device=CUDA)
@@ -181,7 +179,7 @@ def test_cuda_graph_replay_ignores_garbage_past_bs() -> None:
         src[seed] = -1  # a pad row among live rows
         trk = perm[bs : 2 * bs]
         mask = torch.tensor([True, False, True, True, False], device=CUDA)
-        fresh = _ssm_inputs(bs, slots, 10 + seed)
+        fresh = _ssm_inputs(bs, 10 + seed)
         xc = torch.randn(bs, CONV_DIM, generator=g).to(CUDA, torch.bfloat16)
         # In-place refresh of the live prefix; garbage in the tail.
         for k in ("x", "dt", "B", "C", "z"):
@@ -227,7 +225,7 @@ def test_ssm_tile_shapes_match_reference(
     """Every candidate tile shape of the SSM update is right at Nano shapes."""
     slots = 12
     src = torch.tensor([5, -1, 9, 2], device=CUDA)
-    a = _ssm_inputs(src.shape[0], slots, 3)
+    a = _ssm_inputs(src.shape[0], 3)
     state0 = torch.randn(slots, H, P, N, device=CUDA).to(state_dtype)
     ref_state, ref_out = ssm_state_update_ref(
         state0, a["x"], a["dt"], a["A"], a["B"], a["C"], src, D=a["D"], z=a["z"],

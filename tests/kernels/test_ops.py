@@ -143,16 +143,15 @@ def test_ssm_rejects_bad_argument_and_writes_nothing(
     case: str, name: str, value: Any, exc: type[Exception], match: str
 ) -> None:
     a = _ssm_args()
-    before = a["state"].clone()
     a[name] = value
-    out = torch.full((BS, H, P), float("nan"), device=DEVICE)
     if name != "out":
-        a["out"] = out
+        a["out"] = torch.full((BS, H, P), float("nan"), device=DEVICE)
+    # Every tensor passed (the state, the NaN output, the bad value itself) stays unwritten.
+    before = {k: bits(v) for k, v in a.items() if isinstance(v, torch.Tensor)}
     with pytest.raises(exc, match=match):
         _call_ssm(a)
-    state = a["state"] if name != "state" else before
-    assert torch.equal(state, before)
-    assert bool(torch.isnan(out).all())
+    for k, v in before.items():
+        assert torch.equal(bits(a[k]), v), k
 
 
 def test_ssm_debug_mode_checks_indices() -> None:
@@ -223,6 +222,11 @@ def _conv_args() -> dict[str, Any]:
     }
 
 
+def _call_conv(a: dict[str, Any]) -> torch.Tensor:
+    rest = {k: v for k, v in a.items() if k not in ("x", "conv_state", "weight")}
+    return causal_conv1d_update(a["x"], a["conv_state"], a["weight"], **rest)
+
+
 CONV_BAD: list[tuple[str, str, Any, type[Exception], str]] = [
     (
         "weight k",
@@ -270,19 +274,25 @@ def test_conv_rejects_bad_argument_and_writes_nothing(
     case: str, name: str, value: Any, exc: type[Exception], match: str
 ) -> None:
     a = _conv_args()
-    state = a["conv_state"]
-    before = state.clone()
     a[name] = value
+    a["out"] = torch.full((BS, 24), float("nan"), device=DEVICE)
+    before = {k: bits(v) for k, v in a.items() if isinstance(v, torch.Tensor)}
     with pytest.raises(exc, match=match):
-        causal_conv1d_update(a.pop("x"), a.pop("conv_state"), a.pop("weight"), **a)
-    assert torch.equal(state, before)
+        _call_conv(a)
+    for k, v in before.items():
+        assert torch.equal(bits(a[k]), v), k
 
 
 def test_conv_debug_mode_checks_indices() -> None:
     a = _conv_args()
+    before = a["conv_state"].clone()
     a["cache_indices"] = torch.tensor([1, -2, 4], device=DEVICE)
     with debug_mode(), pytest.raises(ValueError, match=r"`cache_indices` values must be -1"):
-        causal_conv1d_update(a.pop("x"), a.pop("conv_state"), a.pop("weight"), **a)
+        _call_conv(a)
+    a["cache_indices"] = torch.tensor([4, -1, 4], device=DEVICE)
+    with debug_mode(), pytest.raises(ValueError, match=r"slot 4 is written twice"):
+        _call_conv(a)
+    assert torch.equal(a["conv_state"], before)
 
 
 def _pools() -> tuple[torch.Tensor, torch.Tensor]:
@@ -301,6 +311,10 @@ def test_track_save_rejects_bad_arguments() -> None:
         track_save(conv[:1], ssm, src_indices=idx, track_indices=idx + 2, track_mask=m)
     with pytest.raises(ValueError, match=r"`ssm_pool` must be contiguous within each slot"):
         track_save(conv, ssm.transpose(3, 4), src_indices=idx, track_indices=idx + 2, track_mask=m)
+    with pytest.raises(TypeError, match=r"`ssm_pool` must have dtype bfloat16/float16/float32"):
+        track_save(conv, ssm.int(), src_indices=idx, track_indices=idx + 2, track_mask=m)
+    with pytest.raises(ValueError, match=r"`ssm_pool` must have shape \[layers, slots, nheads"):
+        track_save(conv, ssm[0], src_indices=idx, track_indices=idx + 2, track_mask=m)
     with pytest.raises(TypeError, match=r"`track_mask` must have dtype bool"):
         track_save(conv, ssm, src_indices=idx, track_indices=idx + 2, track_mask=idx)
     with pytest.raises(ValueError, match=r"`track_indices` must have shape \[bs\]"):

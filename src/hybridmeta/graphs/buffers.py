@@ -193,9 +193,6 @@ class StaticBuffers:
         self._buffered: tuple[FieldSpec, ...] = tuple(
             s for s in specs if s.per_row and (not s.optional or s.name in optional_fields)
         )
-        self._unbuffered_tensors: tuple[FieldSpec, ...] = tuple(
-            s for s in specs if s.is_tensor and s not in self._buffered
-        )
         self._static = self._static_values(specs, dict(static or {}), optional_fields)
         draft = self._static["draft_token_num"]
         if not isinstance(draft, int) or draft < 1:
@@ -206,18 +203,27 @@ class StaticBuffers:
         self.is_target_verify = bool(self._static["is_target_verify"])
         self.max_tokens = max_bs * self.draft_token_num
 
+        self._inputs: dict[str, InputSpec] = dict(inputs or {})
+        # rows_of(name, b) = b * scale + extra, for every buffer (read per step for inputs).
+        self._row_rule: dict[str, tuple[int, int]] = {
+            s.name: (1, 1 if s.rows == "batch+1" else 0) for s in self._buffered
+        }
+        for name, ispec in self._inputs.items():
+            if name in self._row_rule:
+                raise ValueError(f"StaticBuffers: input {name!r} collides with a metadata field")
+            self._row_rule[name] = (1 if ispec.rows == "batch" else self.draft_token_num, 0)
+
         self._buffers: dict[str, torch.Tensor] = {}
         # Constant pad sources, so padding joins the refresh's foreach copies.
         self._pad_src: dict[str, torch.Tensor] = {}
         for spec in self._buffered:
             self._allocate_field(spec)
-        self._inputs: dict[str, InputSpec] = dict(inputs or {})
         for name, ispec in self._inputs.items():
-            if name in self._buffers:
-                raise ValueError(f"StaticBuffers: input {name!r} collides with a metadata field")
-            cap = max_bs if ispec.rows == "batch" else self.max_tokens
             self._buffers[name] = torch.full(
-                (cap, *ispec.shape), ispec.pad, dtype=ispec.dtype, device=self.device
+                (self.rows_of(name, max_bs), *ispec.shape),
+                ispec.pad,
+                dtype=ispec.dtype,
+                device=self.device,
             )
             self._pad_src[name] = self._buffers[name].clone()
 
@@ -227,9 +233,10 @@ class StaticBuffers:
         self._optional = tuple(s.name for s in self._buffered if s.optional)
         # Flat tuples for the per-step checks (host time per step matters).
         self._static_items = tuple(self._static.items())
-        self._unbuffered_names = tuple(s.name for s in self._unbuffered_tensors)
+        self._unbuffered_names = tuple(
+            s.name for s in specs if s.is_tensor and s not in self._buffered
+        )
         self._field_dtypes = tuple((s.name, self._buffers[s.name].dtype) for s in self._buffered)
-        self._buf_device = self._buffers[self._buffered[0].name].device
         self._plans: dict[tuple[int, int, tuple[bool, ...]], _Plan] = {}
         self._views: dict[int, tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]] = {}
         self._metadata: dict[int, Mamba2Metadata] = {}
@@ -270,7 +277,7 @@ class StaticBuffers:
             dtype = self.index_dtype
         else:
             dtype = spec.dtypes[0]
-        rows = self.max_bs + (1 if spec.rows == "batch+1" else 0)
+        rows = self.rows_of(spec.name, self.max_bs)
         trailing = (self.draft_token_num,) if spec.ndim == 2 else ()
         fill = 0 if spec.pad.value is None else spec.pad.value
         buf = torch.full((rows, *trailing), fill, dtype=dtype, device=self.device)
@@ -316,11 +323,8 @@ class StaticBuffers:
 
     def rows_of(self, name: str, bucket: int) -> int:
         """Rows of ``name``'s view for ``bucket`` (``B``, ``B + 1`` or ``B * draft_token_num``)."""
-        for spec in self._buffered:
-            if spec.name == name:
-                return bucket + 1 if spec.rows == "batch+1" else bucket
-        ispec = self._inputs[name]
-        return bucket if ispec.rows == "batch" else bucket * self.draft_token_num
+        scale, extra = self._row_rule[name]
+        return bucket * scale + extra
 
     # ------------------------------------------------------------------ the step path
 
@@ -356,7 +360,7 @@ class StaticBuffers:
             device values (slot range, duplicates, pad values in live rows, monotone
             ``query_start_loc``) run only in debug mode.
         """
-        live_inputs = dict(inputs or {})
+        live_inputs = inputs if inputs is not None else {}
         bs = self._validate(step, bucket, live_inputs)
         self._write_live(step, bs, bucket, live_inputs)
         return self._build(bucket)
@@ -364,8 +368,7 @@ class StaticBuffers:
     def pad_all(self, bucket: int) -> Mamba2Metadata:
         """Fill rows ``[0:B)`` with padding (capture and warm-up: kernels do nothing)."""
         self._check_bucket(bucket, 1)
-        absent = (False,) * len(self._optional)
-        plan = self._plans.get((0, bucket, absent)) or self._make_plan(0, bucket, absent)
+        plan = self._plan(0, bucket, (False,) * len(self._optional))
         for group in plan.groups:
             torch._foreach_copy_(group.dsts, group.pads)
         return self._build(bucket)
@@ -397,7 +400,9 @@ class StaticBuffers:
                 "bucket", f"must satisfy bs <= bucket <= max_bs ({bs} <= {bucket} <= {self.max_bs})"
             )
 
-    def _validate(self, step: ForwardMetadata, bucket: int, inputs: dict[str, torch.Tensor]) -> int:
+    def _validate(
+        self, step: ForwardMetadata, bucket: int, inputs: Mapping[str, torch.Tensor]
+    ) -> int:
         if type(step) is not ForwardMetadata:
             raise TypeError(
                 f"StaticBuffers.refresh: step must be a ForwardMetadata, got {type(step).__qualname__}"
@@ -427,19 +432,22 @@ class StaticBuffers:
         # The core checked ndim, per-row lengths and one device for every field on
         # construction; what is left is this buffer's device and each field's exact dtype.
         dev = step.mamba_cache_indices.device
-        if dev != self._buf_device:
+        if dev != self.device:
             raise _err(
                 "mamba_cache_indices",
-                f"must be on {self._buf_device} (the static buffers' device), got {dev}",
+                f"must be on {self.device} (the static buffers' device), got {dev}",
             )
         for name, dtype in self._field_dtypes:
             t = getattr(step, name)
             if t is not None and t.dtype is not dtype:
                 raise _err(name, f"must have dtype {dtype} (the static buffer's), got {t.dtype}")
-        if not self._inputs and not inputs:
-            if is_debug():
-                self._validate_values(step, bs)
-            return bs
+        if self._inputs or inputs:
+            self._validate_inputs(inputs, bs)
+        if is_debug():
+            self._validate_values(step, bs)
+        return bs
+
+    def _validate_inputs(self, inputs: Mapping[str, torch.Tensor], bs: int) -> None:
         missing = set(self._inputs) - set(inputs)
         extra = set(inputs) - set(self._inputs)
         if missing or extra:
@@ -453,9 +461,6 @@ class StaticBuffers:
             if t.shape[0] != rows:
                 raise _err(f"input {name}", f"must have {rows} rows (bs={bs}), got {t.shape[0]}")
             self._check_tensor(f"input {name}", t, self._buffers[name])
-        if is_debug():
-            self._validate_values(step, bs)
-        return bs
 
     def _check_tensor(self, name: str, t: torch.Tensor, buf: torch.Tensor) -> None:
         if t.dtype != buf.dtype:
@@ -487,14 +492,10 @@ class StaticBuffers:
             if name in _SENTINEL_PADDED and bool((t < 0).any()):
                 raise _err(name, "holds the pad value -1 in a live row (live rows must be slots)")
             # Virtual ids index the slot table; the table itself was range-checked at setup.
-            translated = name in TRANSLATED_FIELDS and self._slot_table is not None
-            bound = (
-                self._slot_table.shape[0]
-                if self._slot_table is not None and translated
-                else self.num_slots
-            )
+            table = self._slot_table if name in TRANSLATED_FIELDS else None
+            bound = self.num_slots if table is None else table.shape[0]
             if bool(((t < -1) | (t >= bound)).any()):
-                kind = "virtual slot" if translated else "live slot"
+                kind = "live slot" if table is None else "virtual slot"
                 raise _err(name, f"has a {kind} outside [0, {bound})")
         idx = step.mamba_cache_indices
         if torch.unique(idx).numel() != idx.numel():
@@ -504,10 +505,9 @@ class StaticBuffers:
             raise _err("mamba_track_indices", "is -1 (pad) in a row whose mamba_track_mask is set")
 
     def _write_live(
-        self, step: ForwardMetadata, bs: int, bucket: int, inputs: dict[str, torch.Tensor]
+        self, step: ForwardMetadata, bs: int, bucket: int, inputs: Mapping[str, torch.Tensor]
     ) -> None:
-        present = tuple(getattr(step, n) is not None for n in self._optional)
-        plan = self._plans.get((bs, bucket, present)) or self._make_plan(bs, bucket, present)
+        plan = self._plan(bs, bucket, tuple(getattr(step, n) is not None for n in self._optional))
         for group in plan.groups:
             srcs = [inputs[n] if is_input else getattr(step, n) for is_input, n in group.live]
             # One dispatcher call per dtype: host time per step is the budget here.
@@ -517,6 +517,10 @@ class StaticBuffers:
             assert table is not None  # a plan translates only when a table was given
             # The single virtual -> physical translation point.
             torch.index_select(table, 0, getattr(step, name), out=dst)
+
+    def _plan(self, bs: int, bucket: int, present: tuple[bool, ...]) -> _Plan:
+        plan = self._plans.get((bs, bucket, present))
+        return plan if plan is not None else self._make_plan(bs, bucket, present)
 
     def _make_plan(self, bs: int, bucket: int, present: tuple[bool, ...]) -> _Plan:
         """Views to write for ``bs`` live rows in bucket ``B`` (``bs == 0``: all padding)."""
@@ -534,11 +538,10 @@ class StaticBuffers:
             buf, pad = self._buffers[spec.name], self._pad_src[spec.name]
             n = bs if is_present.get(spec.name, True) else 0
             if spec.rows == "batch+1":  # cumulative offsets: the table row of bs
+                start = n + 1 if n else 0
                 if n:
-                    live(False, spec.name, buf[: n + 1])
-                pads.append(
-                    (buf[n + 1 if n else 0 : bucket + 1], pad[n, n + 1 if n else 0 : bucket + 1])
-                )
+                    live(False, spec.name, buf[:start])
+                pads.append((buf[start : bucket + 1], pad[n, start : bucket + 1]))
                 continue
             if n and spec.name in TRANSLATED_FIELDS and self._slot_table is not None:
                 plan.translate.append((spec.name, buf[:n]))
@@ -556,7 +559,7 @@ class StaticBuffers:
                 group = groups.setdefault(dst.dtype, _CopyGroup())
                 group.dsts.append(dst)
                 group.pads.append(src)
-        plan.groups = [g for g in groups.values() if g.dsts]
+        plan.groups = list(groups.values())  # a group exists only once it has a destination
         if len(self._plans) >= _MAX_PLANS:  # a runner needs max_bs * 4 at most
             self._plans.clear()
         self._plans[(bs, bucket, present)] = plan

@@ -48,8 +48,7 @@ def ssm_launch_config(state_dtype: torch.dtype, headdim: int, dstate: int) -> Ss
     1 KiB bf16, 4 warps) make the kernel bound by program scheduling, not memory, and hurt
     a bf16 state most.
     """
-    elem = torch.empty((), dtype=state_dtype).element_size()
-    rows = max(1, (4096 // elem) // max(dstate, 1))
+    rows = max(1, (4096 // state_dtype.itemsize) // max(dstate, 1))
     block_p = min(_pow2_floor(rows), _pow2_ceil(headdim))
     return SsmLaunchConfig(block_p=max(block_p, 1), num_warps=1)
 

@@ -49,6 +49,20 @@ def check_tensor(
     return t
 
 
+def check_pool(op: str, name: str, t: object, *, dims: str) -> torch.Tensor:
+    """Check a state pool: a tensor with one axis per name in ``dims``, of a state dtype.
+
+    The pool is checked first; its device is the one every other argument must share.
+    """
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{op}: `{name}` must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != dims.count(",") + 1:
+        raise ValueError(f"{op}: `{name}` must have shape {dims}, got {list(t.shape)}")
+    if t.dtype not in STATE_DTYPES:
+        raise TypeError(f"{op}: `{name}` must have dtype {_names(STATE_DTYPES)}, got {t.dtype}")
+    return t
+
+
 def check_optional(
     op: str,
     name: str,

@@ -2,11 +2,11 @@
 
 Each public function checks shapes, dtypes and devices (cheap, no device reads), checks
 index ranges and slot collisions only in debug mode (:func:`hybridmeta.debug.is_debug`),
-allocates the output if none is given, and then makes exactly one call to a
-``torch.library`` custom op that launches exactly one kernel. A ``TorchDispatchMode`` (for
-instance the CPU CUDA-graph emulation in :mod:`hybridmeta.graphs`) therefore sees each
-kernel launch as one ``hybridmeta::*`` op with its mutated arguments declared. Nothing is
-written before every check has passed.
+allocates the output if none is given, and then launches exactly one kernel: through a
+``torch.library`` custom op whenever the dispatcher is observed (see :func:`_observed`),
+directly otherwise. A ``TorchDispatchMode`` (for instance the CPU CUDA-graph emulation in
+:mod:`hybridmeta.graphs`) therefore sees each kernel launch as one ``hybridmeta::*`` op
+with its mutated arguments declared. Nothing is written before every check has passed.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from hybridmeta.kernels._validate import (
     check_disjoint_writes,
     check_index_range,
     check_optional,
+    check_pool,
     check_slot_contiguous,
     check_tensor,
 )
@@ -261,17 +262,8 @@ def ssm_state_update(
         on an index outside ``[-1, slots)`` or two rows writing one slot. Nothing is written.
     """
     op = "ssm_state_update"
-    if not isinstance(state, torch.Tensor):
-        raise TypeError(f"{op}: `state` must be a torch.Tensor, got {type(state).__name__}")
+    state = check_pool(op, "state", state, dims="[slots, nheads, headdim, dstate]")
     dev = state.device
-    if state.dim() != 4:
-        raise ValueError(
-            f"{op}: `state` must have shape [slots, nheads, headdim, dstate], got {list(state.shape)}"
-        )
-    if state.dtype not in STATE_DTYPES:
-        raise TypeError(
-            f"{op}: `state` must have dtype bfloat16/float16/float32, got {state.dtype}"
-        )
     slots, nheads, headdim, dstate = state.shape
     x = check_tensor(op, "x", x, shape=(None, nheads, headdim), dtypes=FLOAT_DTYPES, device=dev,
                      dims="[bs, nheads, headdim]")  # fmt: skip
@@ -386,19 +378,8 @@ def causal_conv1d_update(
     op = "causal_conv1d_update"
     if activation not in (None, "silu", "swish"):
         raise ValueError(f"{op}: `activation` must be None, 'silu' or 'swish', got {activation!r}")
-    if not isinstance(conv_state, torch.Tensor):
-        raise TypeError(
-            f"{op}: `conv_state` must be a torch.Tensor, got {type(conv_state).__name__}"
-        )
+    conv_state = check_pool(op, "conv_state", conv_state, dims="[slots, conv_dim, k - 1]")
     dev = conv_state.device
-    if conv_state.dim() != 3:
-        raise ValueError(
-            f"{op}: `conv_state` must have shape [slots, conv_dim, k - 1], got {list(conv_state.shape)}"
-        )
-    if conv_state.dtype not in STATE_DTYPES:
-        raise TypeError(
-            f"{op}: `conv_state` must have dtype bfloat16/float16/float32, got {conv_state.dtype}"
-        )
     slots, dim, wm1 = conv_state.shape
     x = check_tensor(
         op, "x", x, shape=(None, dim), dtypes=FLOAT_DTYPES, device=dev, dims="[bs, conv_dim]"
@@ -451,21 +432,11 @@ def track_save(
         ``[bs]`` bool: rows to copy.
     """
     op = "track_save"
-    if not isinstance(ssm_pool, torch.Tensor):
-        raise TypeError(f"{op}: `ssm_pool` must be a torch.Tensor, got {type(ssm_pool).__name__}")
+    ssm_pool = check_pool(op, "ssm_pool", ssm_pool, dims="[layers, slots, nheads, headdim, dstate]")
     dev = ssm_pool.device
-    if ssm_pool.dim() != 5:
-        raise ValueError(
-            f"{op}: `ssm_pool` must have shape [layers, slots, nheads, headdim, dstate], "
-            f"got {list(ssm_pool.shape)}"
-        )
     layers, slots = ssm_pool.shape[:2]
     check_tensor(op, "conv_pool", conv_pool, shape=(layers, slots, None, None), dtypes=STATE_DTYPES,
                  device=dev, dims="[layers, slots, conv_dim, k - 1]")  # fmt: skip
-    if ssm_pool.dtype not in STATE_DTYPES:
-        raise TypeError(
-            f"{op}: `ssm_pool` must have dtype bfloat16/float16/float32, got {ssm_pool.dtype}"
-        )
     check_slot_contiguous(op, "ssm_pool", ssm_pool, 2)
     check_slot_contiguous(op, "conv_pool", conv_pool, 2)
     check_tensor(op, "src_indices", src_indices, shape=(None,), dtypes=INDEX_DTYPES, device=dev,
@@ -541,10 +512,9 @@ def ssm_state_update_from_metadata(
     pass.
     """
     idx = _rows_match("ssm_state_update_from_metadata", md, x.shape[0])
-    track = md.mamba_track_indices if fuse_track else None
-    mask = md.mamba_track_mask if fuse_track else None
-    if track is None or mask is None:
-        track, mask = None, None
+    track, mask = md.mamba_track_indices, md.mamba_track_mask
+    if not fuse_track or track is None or mask is None:
+        track = mask = None
     return ssm_state_update(
         state, x, dt, A, B, C, state_indices=idx, D=D, z=z, dt_bias=dt_bias,
         dt_softplus=dt_softplus, track_indices=track, track_mask=mask, out=out,

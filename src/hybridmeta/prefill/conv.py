@@ -99,9 +99,8 @@ def causal_conv1d_prefill(
         )
 
     init = conv_state.index_select(0, plan.slots)  # [R, dim, K-1]
-    init = torch.where(plan.has_initial_states[:, None, None], init, 0).transpose(
-        1, 2
-    )  # [R, K-1, dim]
+    init = torch.where(plan.has_initial_states[:, None, None], init, 0)
+    init = init.transpose(1, 2).contiguous()  # [R, K-1, dim]
     ext = extended_conv_input(xbc, init)  # [T + R*(K-1), dim]
     w = weight.float()
     acc = torch.zeros(T, dim, dtype=torch.float32, device=xbc.device)
@@ -112,4 +111,4 @@ def causal_conv1d_prefill(
     out = F.silu(acc) if activation == "silu" else acc
     final = ext[plan.final_conv_indices]  # [R, K-1, dim]
     conv_state.index_copy_(0, plan.slots, final.transpose(1, 2).to(conv_state.dtype))
-    return ConvPrefillOutput(out=out.to(xbc.dtype), init_windows=init.contiguous())
+    return ConvPrefillOutput(out=out.to(xbc.dtype), init_windows=init)

@@ -36,6 +36,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from hybridmeta.chunks import chunk_indices_offsets
 from hybridmeta.model import ForwardMetadata, Mamba2Metadata, prepare_decode, prepare_mixed
 
 __all__ = ["PrefillPlan", "TrackPlan", "plan_mixed_batch"]
@@ -151,13 +152,17 @@ class PrefillPlan:
     track: TrackPlan
 
 
+def _check_host(name: str, value: torch.Tensor) -> None:
+    if value.device.type != "cpu":
+        raise ValueError(
+            f"plan_mixed_batch: {name} must be host data (a sequence or a CPU tensor); "
+            f"got a tensor on {value.device}: reading it would sync the stream"
+        )
+
+
 def _host_ints(name: str, value: IntLike) -> IntArray:
     if isinstance(value, torch.Tensor):
-        if value.device.type != "cpu":
-            raise ValueError(
-                f"plan_mixed_batch: {name} must be host data (a sequence or a CPU tensor); "
-                f"got a tensor on {value.device}: reading it would sync the stream"
-            )
+        _check_host(name, value)
         if value.dtype.is_floating_point or value.dtype == torch.bool:
             raise ValueError(f"plan_mixed_batch: {name} must hold integers, got {value.dtype}")
         return value.to(torch.int64).reshape(-1).numpy().copy()
@@ -169,11 +174,7 @@ def _host_ints(name: str, value: IntLike) -> IntArray:
 
 def _host_bools(name: str, value: BoolLike) -> npt.NDArray[np.bool_]:
     if isinstance(value, torch.Tensor):
-        if value.device.type != "cpu":
-            raise ValueError(
-                f"plan_mixed_batch: {name} must be host data (a sequence or a CPU tensor); "
-                f"got a tensor on {value.device}: reading it would sync the stream"
-            )
+        _check_host(name, value)
         if value.dtype != torch.bool:
             raise ValueError(f"plan_mixed_batch: {name} must be bool, got {value.dtype}")
         return value.reshape(-1).numpy().copy()
@@ -354,13 +355,15 @@ def plan_mixed_batch(
     np.cumsum(ext, out=qsl[1:])
     total = int(qsl[n_pre])  # flattened prefill tokens
 
-    # Logical chunks: a new one at every physical chunk start and every row start.
-    starts = np.union1d(np.arange(0, total, L, dtype=np.int64), qsl[:n_pre]).astype(np.int64)
+    # Logical chunks: a new one at every physical chunk start and every row start (the
+    # rule of hybridmeta.chunks, which prepare_mixed applies to the metadata too).
+    ind, off = chunk_indices_offsets(torch.from_numpy(qsl[: n_pre + 1]), L)
+    starts = (ind * L + off).numpy()
     n_logical = starts.shape[0]
     n_phys = -(-total // L)
     ends = np.append(starts[1:], total).astype(np.int64)
     seq_idx = np.repeat(np.arange(n_pre, dtype=np.int64), ext[:n_pre])
-    chunk_row = seq_idx[starts] if n_logical else np.zeros(0, dtype=np.int64)
+    chunk_row = seq_idx[starts]
     chunk_first = np.isin(starts, qsl[:n_pre]).astype(np.int64)
     token_chunk = np.repeat(np.arange(n_logical, dtype=np.int64), ends - starts)
     token_pos = np.arange(total, dtype=np.int64) - starts[token_chunk]
@@ -391,10 +394,10 @@ def plan_mixed_batch(
     h_rows = np.flatnonzero(on_grid)
     rc_rows = np.flatnonzero(off_grid)
     h_src = g[h_rows] // L - 1
-    h_logical = phys_last_chunk[h_src] if h_rows.size else np.zeros(0, dtype=np.int64)
+    h_logical = phys_last_chunk[h_src]
     rc_g = g[rc_rows]
     rc_chunk = np.searchsorted(starts, rc_g - 1, side="right") - 1
-    rc_len = rc_g - starts[rc_chunk] if rc_rows.size else np.zeros(0, dtype=np.int64)
+    rc_len = rc_g - starts[rc_chunk]
     mid_rows = np.concatenate([h_rows, rc_rows])
     q_mid = g[mid_rows][:, None] - k1 + np.arange(k1, dtype=np.int64)[None, :]
     conv_mid = _ext_index(q_mid, mid_rows[:, None], qsl[mid_rows][:, None], total, k1)

@@ -25,7 +25,14 @@ import torch
 from hybridmeta.prefill.oracle import SSMParams, process_dt
 from hybridmeta.prefill.planner import PrefillPlan
 
-__all__ = ["SSDScanOutput", "chunk_grid", "recompute_states", "ssd_chunked_scan"]
+__all__ = [
+    "SSDScanOutput",
+    "chunk_grid",
+    "empty_scan",
+    "finish_scan",
+    "recompute_states",
+    "ssd_chunked_scan",
+]
 
 
 @attrs.frozen(kw_only=True)
@@ -39,8 +46,8 @@ class SSDScanOutput:
     final_states : torch.Tensor
         ``[num_prefills, H, P, N]`` fp32, also written to the rows' working slots.
     tracked_h : torch.Tensor
-        ``[n_h]`` fp32 chunk states for ``plan.track.h_src`` (state after those physical
-        chunks of the global grid).
+        ``[n_h, H, P, N]`` fp32 chunk states for ``plan.track.h_src`` (state after those
+        physical chunks of the global grid).
     recomputed : torch.Tensor
         ``[n_rc, H, P, N]`` fp32 off-grid boundary states for ``plan.track.recompute_*``.
     chunk_states : torch.Tensor or None
@@ -108,12 +115,61 @@ def recompute_states(
     A_k = A_rc.gather(1, last[:, None, None].expand(-1, 1, H))  # [n_rc, 1, H]
     keep = torch.arange(L, device=x.device)[None, :] < tr.recompute_len[:, None]  # [n_rc, L]
     w = torch.exp(torch.where(keep[..., None], A_k - A_rc, float("-inf"))) * d_rc  # [n_rc, L, H]
-    xw = x.float()[t_rc] * w[..., None]  # [n_rc, L, H, P]
-    S_rc = torch.einsum("rlgn,rlgqp->rgqpn", B.float()[t_rc], xw.view(n_rc, L, G, rep, P)).reshape(
+    # gather, then convert: only the recompute chunks' tokens, never all T of them
+    xw = x[t_rc].float() * w[..., None]  # [n_rc, L, H, P]
+    S_rc = torch.einsum("rlgn,rlgqp->rgqpn", B[t_rc].float(), xw.view(n_rc, L, G, rep, P)).reshape(
         n_rc, H, P, N
     )
     s_in = state_in.index_select(0, c_rc).float()
     return torch.exp(A_k[:, 0, :])[:, :, None, None] * s_in + S_rc
+
+
+def finish_scan(
+    x: torch.Tensor,
+    B: torch.Tensor,
+    y: torch.Tensor,
+    grid: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    state_in: torch.Tensor,
+    state_out: torch.Tensor,
+    *,
+    plan: PrefillPlan,
+    ssm_state: torch.Tensor,
+    return_chunk_states: bool,
+) -> SSDScanOutput:
+    """The end both scans share: write the rows' final states to their working slots and
+    gather the tracked, recomputed and (optionally) per-physical-chunk states.
+
+    ``grid`` is :func:`chunk_grid`'s result; ``state_in`` / ``state_out`` are
+    ``[NL, H, P, N]`` fp32, the states entering and leaving every logical chunk.
+    """
+    final = state_out.index_select(0, plan.row_last_chunk)  # [R, H, P, N]
+    ssm_state.index_copy_(0, plan.slots, final.to(ssm_state.dtype))
+    tracked_h = state_out.index_select(0, plan.track.h_logical)
+    if plan.track.recompute_rows:  # host-side: most steps have no off-grid boundary
+        recomputed = recompute_states(x, B, *grid, state_in, plan)
+    else:
+        recomputed = state_out.new_zeros(0, *state_out.shape[1:])
+    chunk_states = state_out.index_select(0, plan.phys_last_chunk) if return_chunk_states else None
+    return SSDScanOutput(
+        y=y,
+        final_states=final,
+        tracked_h=tracked_h,
+        recomputed=recomputed,
+        chunk_states=chunk_states,
+    )
+
+
+def empty_scan(x: torch.Tensor, N: int, *, return_chunk_states: bool) -> SSDScanOutput:
+    """What both scans return for a plan without prefill tokens (a decode-only batch)."""
+    _, H, P = x.shape
+    empty = torch.zeros(0, H, P, N, device=x.device)
+    return SSDScanOutput(
+        y=x.new_zeros(0, H, P),
+        final_states=empty,
+        tracked_h=empty,
+        recomputed=empty,
+        chunk_states=empty if return_chunk_states else None,
+    )
 
 
 def check_scan_inputs(
@@ -191,17 +247,11 @@ def ssd_chunked_scan(
     NL = plan.num_logical_chunks
     rep = H // G
     if T == 0:
-        empty = torch.zeros(0, H, P, N, device=dev)
-        return SSDScanOutput(
-            y=x.new_zeros(0, H, P),
-            final_states=empty,
-            tracked_h=empty,
-            recomputed=empty,
-            chunk_states=empty if return_chunk_states else None,
-        )
+        return empty_scan(x, N, return_chunk_states=return_chunk_states)
 
     D = params.D.float().to(dev)  # [H]
-    tok, dtc, Acum = chunk_grid(dt, params, plan)
+    grid = chunk_grid(dt, params, plan)
+    tok, dtc, Acum = grid
     xc = x.float()[tok]  # [NL, L, H, P]
     Bc = B.float()[tok]  # [NL, L, G, N]
     Cc = C.float()[tok]  # [NL, L, G, N]
@@ -246,18 +296,14 @@ def ssd_chunked_scan(
     y = y + (y_off * torch.exp(Acum).view(NL, L, G, rep)[..., None]).reshape(NL, L, H, P)
     y = y + D[None, None, :, None] * xc
     y_tok = y[plan.token_chunk, plan.token_pos].to(x.dtype)  # [T, H, P]
-
-    final = state_out.index_select(0, plan.row_last_chunk)  # [R, H, P, N]
-    ssm_state.index_copy_(0, plan.slots, final.to(ssm_state.dtype))
-
-    tracked_h = state_out.index_select(0, plan.track.h_logical)
-    recomputed = recompute_states(x, B, tok, dtc, Acum, state_in, plan)
-
-    chunk_states = state_out.index_select(0, plan.phys_last_chunk) if return_chunk_states else None
-    return SSDScanOutput(
-        y=y_tok,
-        final_states=final,
-        tracked_h=tracked_h,
-        recomputed=recomputed,
-        chunk_states=chunk_states,
+    return finish_scan(
+        x,
+        B,
+        y_tok,
+        grid,
+        state_in,
+        state_out,
+        plan=plan,
+        ssm_state=ssm_state,
+        return_chunk_states=return_chunk_states,
     )

@@ -4,11 +4,23 @@ from __future__ import annotations
 
 import torch
 
-from hybridmeta.prefill.conv import ConvPrefillOutput, extended_conv_input
+from hybridmeta.prefill.conv import ConvPrefillOutput
 from hybridmeta.prefill.planner import PrefillPlan
 from hybridmeta.prefill.scan import SSDScanOutput
 
 __all__ = ["extend_track_save"]
+
+
+def _gather_extended(
+    xbc: torch.Tensor, init_windows: torch.Tensor, idx: torch.Tensor
+) -> torch.Tensor:
+    """``extended_conv_input(xbc, init_windows)[idx]`` without concatenating all ``T``
+    tokens: ``idx < T`` reads ``xbc``, the rest the initial windows."""
+    T, dim = xbc.shape
+    init = init_windows.reshape(-1, dim).to(xbc.dtype)  # [R*(K-1), dim]
+    tok = xbc.index_select(0, idx.clamp(max=T - 1).reshape(-1)).view(*idx.shape, dim)
+    ini = init.index_select(0, (idx - T).clamp(min=0).reshape(-1)).view(*idx.shape, dim)
+    return torch.where((idx < T)[..., None], tok, ini)
 
 
 def extend_track_save(
@@ -37,6 +49,10 @@ def extend_track_save(
         first new token).
     scan : SSDScanOutput or None
         The scan's result (``tracked_h``, ``recomputed``).
+    conv_state : torch.Tensor
+        ``[num_slots, conv_dim, K-1]`` pool (written in place).
+    ssm_state : torch.Tensor
+        ``[num_slots, H, P, N]`` pool (written in place).
 
     ``xbc``, ``conv`` and ``scan`` may be ``None`` only when the plan has no mid-row
     entry (``plan.track.h_rows`` and ``plan.track.recompute_rows`` empty), for example in
@@ -46,10 +62,6 @@ def extend_track_save(
     ------
     ValueError
         A mid-row entry is planned but ``xbc``, ``conv`` or ``scan`` is missing.
-    conv_state : torch.Tensor
-        ``[num_slots, conv_dim, K-1]`` pool (written in place).
-    ssm_state : torch.Tensor
-        ``[num_slots, H, P, N]`` pool (written in place).
     """
     tr = plan.track
     if tr.empty:  # host-side decision, no device read
@@ -60,8 +72,7 @@ def extend_track_save(
                 "extend_track_save: the plan saves mid-row boundaries (rows "
                 f"{tr.h_rows + tr.recompute_rows}), which needs xbc, conv and scan; got None"
             )
-        ext = extended_conv_input(xbc, conv.init_windows)
-        windows = ext[tr.conv_indices]  # [n_mid, K-1, dim]
+        windows = _gather_extended(xbc, conv.init_windows, tr.conv_indices)  # [n_mid, K-1, dim]
         conv_state.index_copy_(0, tr.conv_dst, windows.transpose(1, 2).to(conv_state.dtype))
         if tr.h_rows:
             ssm_state.index_copy_(0, tr.h_dst, scan.tracked_h.to(ssm_state.dtype))

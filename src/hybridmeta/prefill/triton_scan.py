@@ -36,7 +36,8 @@ from hybridmeta.prefill.scan import (
     SSDScanOutput,
     check_scan_inputs,
     chunk_grid,
-    recompute_states,
+    empty_scan,
+    finish_scan,
 )
 
 __all__ = ["ssd_chunked_scan_triton"]
@@ -287,15 +288,9 @@ def ssd_chunked_scan_triton(
     L = plan.chunk_size
     NL = plan.num_logical_chunks
     if T == 0:
-        empty = torch.zeros(0, H, P, N, device=dev)
-        return SSDScanOutput(
-            y=x.new_zeros(0, H, P),
-            final_states=empty,
-            tracked_h=empty,
-            recomputed=empty,
-            chunk_states=empty if return_chunk_states else None,
-        )
-    tok, dtc, Acum = chunk_grid(dt, params, plan)  # [NL, L], [NL, L, H] x2
+        return empty_scan(x, N, return_chunk_states=return_chunk_states)
+    grid = chunk_grid(dt, params, plan)
+    _, dtc, Acum = grid  # [NL, L, H] x2
     dtc_t = dtc.permute(0, 2, 1).contiguous()  # [NL, H, L]
     acum_t = Acum.permute(0, 2, 1).contiguous()  # [NL, H, L]
     D = params.D.float().to(dev).contiguous()
@@ -393,15 +388,14 @@ def ssd_chunked_scan_triton(
         BLOCK_P=BLOCK_P,
         BLOCK_N=BLOCK_N,
     )
-    final = state_out.index_select(0, plan.row_last_chunk)  # [R, H, P, N]
-    ssm_state.index_copy_(0, plan.slots, final.to(ssm_state.dtype))
-    tracked_h = state_out.index_select(0, plan.track.h_logical)
-    recomputed = recompute_states(x, B, tok, dtc, Acum, state_in, plan)
-    chunk_states = state_out.index_select(0, plan.phys_last_chunk) if return_chunk_states else None
-    return SSDScanOutput(
-        y=y,
-        final_states=final,
-        tracked_h=tracked_h,
-        recomputed=recomputed,
-        chunk_states=chunk_states,
+    return finish_scan(
+        x,
+        B,
+        y,
+        grid,
+        state_in,
+        state_out,
+        plan=plan,
+        ssm_state=ssm_state,
+        return_chunk_states=return_chunk_states,
     )

@@ -25,20 +25,7 @@ from hybridmeta.runtime.model import NemotronH
 from hybridmeta.runtime.plan import DecodeInputs
 from hybridmeta.runtime.state import DUMMY_SLOT, StatePool
 
-__all__ = ["DecodeGraphs", "decode_metadata", "decode_step", "default_decode_buckets"]
-
-
-def default_decode_buckets(max_bs: int) -> tuple[int, ...]:
-    """Powers of two below ``max_bs``, then ``max_bs``."""
-    if max_bs < 1:
-        raise ValueError(f"default_decode_buckets: max_bs must be >= 1, got {max_bs}")
-    out = []
-    b = 1
-    while b < max_bs:
-        out.append(b)
-        b *= 2
-    out.append(max_bs)
-    return tuple(out)
+__all__ = ["DecodeGraphs", "decode_metadata", "decode_step"]
 
 
 def decode_metadata(
@@ -57,7 +44,7 @@ def decode_metadata(
     """
     bs = slots.shape[0]
     return ForwardMetadata(
-        query_start_loc=torch.arange(bs + 1, dtype=torch.int64).to(slots.device, non_blocking=True),
+        query_start_loc=torch.arange(bs + 1, dtype=torch.int64, device=slots.device),
         mamba_cache_indices=slots,
         mamba_track_indices=track_slots,
         mamba_track_mask=track_mask,
@@ -69,15 +56,9 @@ def _track_save(pool: StatePool, md: Mamba2Metadata, kernels: str) -> None:
     """Copy conv + SSM state of flagged rows, all Mamba layers, working slot -> track slot."""
     assert md.mamba_track_indices is not None and md.mamba_track_mask is not None
     if kernels == "triton":
-        from hybridmeta.kernels import track_save
+        from hybridmeta.kernels import track_save_from_metadata
 
-        track_save(
-            pool.conv,
-            pool.ssm,
-            src_indices=md.mamba_cache_indices,
-            track_indices=md.mamba_track_indices,
-            track_mask=md.mamba_track_mask,
-        )
+        track_save_from_metadata(md, pool.conv, pool.ssm)
         return
     # fixed shapes: unflagged and pad rows copy the dummy slot onto itself
     ok = md.mamba_track_mask & (md.mamba_cache_indices >= 0) & (md.mamba_track_indices >= 0)
@@ -125,7 +106,8 @@ class DecodeGraphs:
     max_bs : int
         Rows of the static buffers; the largest bucket.
     buckets : sequence of int, optional
-        Captured batch sizes (default :func:`default_decode_buckets`).
+        Captured batch sizes (default :func:`hybridmeta.graphs.default_buckets`: powers of
+        two below ``max_bs``, then ``max_bs``).
     backend : GraphBackend, optional
         Default: CUDA graphs on a CUDA device, the emulation elsewhere.
     kernels : {"torch", "triton"}
@@ -162,7 +144,7 @@ class DecodeGraphs:
         self.runner = GraphRunner(
             step,
             self.buffers,
-            buckets=buckets if buckets is not None else default_decode_buckets(max_bs),
+            buckets=buckets,
             backend=backend,
         )
 
@@ -177,9 +159,6 @@ class DecodeGraphs:
     def capture(self) -> None:
         """Capture every bucket (rows are all padding while capturing)."""
         self.runner.capture()
-
-    def bucket_for(self, bs: int) -> int:
-        return self.runner.bucket_for(bs)
 
     def run(
         self,

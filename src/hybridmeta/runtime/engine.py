@@ -339,7 +339,8 @@ class Runtime:
                 if slot is not None:
                     tracks.append(TrackTarget(row=row, boundary=b, slot=slot))
                     commits.append((key, slot))
-        dec_reqs = [r for r in self._running if not r.prefilling and r not in row_reqs]
+        # rows were taken from prefilling requests only, so none of them is here
+        dec_reqs = [r for r in self._running if not r.prefilling]
 
         sample_reqs: list[Request] = []
         sample_logits: list[torch.Tensor] = []
@@ -392,8 +393,11 @@ class Runtime:
         attention KV row is copied after the step.
         """
         interval = self.options.track_interval
+        slots: list[int] = []
         track_slots: list[int] = []
         for r in reqs:
+            assert r.slot is not None
+            slots.append(r.slot)
             slot = None
             n_after = r.num_computed + 1
             if self.options.use_prefix_cache and n_after % interval == 0:
@@ -402,16 +406,14 @@ class Runtime:
                 if slot is not None:
                     commits.append((key, slot))
             track_slots.append(-1 if slot is None else slot)
-        slots = [r.slot for r in reqs]
-        assert all(s is not None for s in slots)
         self._sync()
         td = time.perf_counter()
-        ids = self._index([r.tokens[r.num_computed] for r in reqs])
-        pos = self._index([r.num_computed for r in reqs])
-        tslots = self._index(track_slots)
-        fwd = decode_metadata(
-            self._index([s if s is not None else -1 for s in slots]), tslots, tslots >= 0
-        )
+        # one host-to-device copy for the per-row inputs; the rows are contiguous views
+        ids_host = [r.tokens[r.num_computed] for r in reqs]
+        pos_host = [r.num_computed for r in reqs]
+        packed = torch.tensor([ids_host, pos_host, slots, track_slots], dtype=torch.int64)
+        ids, pos, dslots, tslots = packed.to(self.device, non_blocking=True)
+        fwd = decode_metadata(dslots, tslots, tslots >= 0)
         if self.graphs is not None:
             logits = self.graphs.run(fwd, ids, pos)
         else:
@@ -427,8 +429,7 @@ class Runtime:
         tracked = [(s, t) for s, t in zip(slots, track_slots, strict=True) if t >= 0]
         if tracked:
             self.pool.copy_kv(
-                self._index([s for s, _ in tracked if s is not None]),
-                self._index([t for _, t in tracked]),
+                self._index([s for s, _ in tracked]), self._index([t for _, t in tracked])
             )
         sample_reqs.extend(reqs)
         self.decode_tokens += len(reqs)
@@ -469,18 +470,17 @@ class Runtime:
         if not reqs:
             return
         logp = torch.cat(logprobs) if len(logprobs) > 1 else logprobs[0]  # [R, V]
-        need = [i for i, r in enumerate(reqs) if r.forced is None]
         greedy: list[int] = []
-        if need:
-            # the step's one device-to-host transfer: the sampled tokens
-            greedy = logp[self._index(need)].argmax(-1).cpu().tolist()
-        it = iter(greedy)
+        if any(r.forced is None for r in reqs):
+            # the step's one device-to-host transfer: the argmax of every row (R ints;
+            # teacher-forced rows simply ignore theirs)
+            greedy = logp.argmax(-1).tolist()
         for i, req in enumerate(reqs):
             req.logprobs.append(logp[i])
             if req.forced is not None:
                 req.tokens.append(req.forced[req.num_generated])
             else:
-                req.tokens.append(next(it))
+                req.tokens.append(greedy[i])
 
     def _retire(self) -> None:
         keep: list[Request] = []

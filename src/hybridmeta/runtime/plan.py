@@ -168,24 +168,47 @@ def build_prefill_plan(
     track_rel = torch.tensor([tr.boundary - rows[tr.row].start for tr in tracks], dtype=torch.int64)
     track_slot = torch.tensor([tr.slot for tr in tracks], dtype=torch.int64)
 
-    def dev(x: torch.Tensor) -> torch.Tensor:
-        return x.to(device, non_blocking=True)
+    # One packed int64 host buffer, one copy; the plan tensors are views of it (the two
+    # masks are compared back to bool on the device).
+    parts = {
+        "slots": slots,
+        "has_init": torch.tensor([r.has_initial_state for r in rows], dtype=torch.int64),
+        "starts": starts,
+        "lengths": lengths,
+        "gather": gather,
+        "valid": valid.to(torch.int64),
+        "scatter": scatter,
+        "token_slot": token_slot,
+        "token_pos": token_pos,
+        "last": last,
+        "track_row": track_row,
+        "track_rel": track_rel,
+        "track_chunk": track_rel // chunk_size,
+        "track_slot": track_slot,
+    }
+    flat = torch.cat([t.reshape(-1) for t in parts.values()]).to(device, non_blocking=True)
+    d = {
+        name: v.view(t.shape)
+        for (name, t), v in zip(
+            parts.items(), torch.split(flat, [t.numel() for t in parts.values()]), strict=True
+        )
+    }
 
     return PrefillPlan(
-        slots=dev(slots),
-        has_init=dev(torch.tensor([r.has_initial_state for r in rows], dtype=torch.bool)),
-        starts=dev(starts),
-        lengths=dev(lengths),
-        gather=dev(gather),
-        valid=dev(valid),
-        scatter=dev(scatter),
-        token_slot=dev(token_slot),
-        token_pos=dev(token_pos),
-        last=dev(last),
-        track_row=dev(track_row),
-        track_rel=dev(track_rel),
-        track_chunk=dev(track_rel // chunk_size),
-        track_slot=dev(track_slot),
+        slots=d["slots"],
+        has_init=d["has_init"] != 0,
+        starts=d["starts"],
+        lengths=d["lengths"],
+        gather=d["gather"],
+        valid=d["valid"] != 0,
+        scatter=d["scatter"],
+        token_slot=d["token_slot"],
+        token_pos=d["token_pos"],
+        last=d["last"],
+        track_row=d["track_row"],
+        track_rel=d["track_rel"],
+        track_chunk=d["track_chunk"],
+        track_slot=d["track_slot"],
         num_rows=p,
         num_tokens=t,
         padded_len=padded,

@@ -122,14 +122,6 @@ class StatePool:
     def num_slots(self) -> int:
         return self.conv.shape[1]
 
-    @property
-    def working_range(self) -> range:
-        return range(1, 1 + self.num_working)
-
-    @property
-    def track_range(self) -> range:
-        return range(1 + self.num_working, 1 + self.num_working + self.num_track)
-
     def copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Copy whole slots ``src[i] -> dst[i]`` in every layer (conv, SSM and KV).
 
