@@ -21,6 +21,10 @@ from tests.properties.strategies.prefill import (
     split_of,
 )
 
+# These run the Triton scan on CPU tensors (interpreted); tests/prefill/test_gpu.py runs it
+# compiled on a GPU.
+pytestmark = pytest.mark.interpreter
+
 
 def test_matches_torch_scan_and_oracle() -> None:
     spec = attrs.evolve(spec_of(), track_interval=4)  # every track kind in one batch

@@ -287,10 +287,12 @@ def _kernel_ci(**kw: Any) -> settings:
     return settings(settings.default, max_examples=4, stateful_step_count=4, **kw)
 
 
+@pytest.mark.interpreter
 def test_replay_machine_emulated_triton_kernel() -> None:
     run_state_machine_as_test(_KernelEmulated, settings=_kernel_ci())
 
 
+@pytest.mark.interpreter
 def test_defective_kernel_step_fails_the_machine_emulated() -> None:
     with pytest.raises(AssertionError, match="slot"):
         run_state_machine_as_test(

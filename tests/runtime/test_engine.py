@@ -69,6 +69,7 @@ def test_hits_at_prefill_and_decode_made_boundaries_equal_cold(
     assert rt.cache.hits == (3 if prefill == "torch" else 2)
 
 
+@pytest.mark.interpreter
 def test_triton_decode_kernels_in_graphs_equal_cold(tiny_model: NemotronH) -> None:
     """hybridmeta.kernels under the graph emulation (Triton interpreter on the CPU)."""
     rt = Runtime(tiny_model, _opts(decode_kernels="triton", num_working=2))

@@ -25,7 +25,7 @@ def _run(argv: list[str]) -> tuple[int, str]:
 
 def test_main_job_passes_on_the_embedded_default() -> None:
     pytest.importorskip("transformers")
-    rc, text = _run(["--quiet", "--prompts", "4"])
+    rc, text = _run(["--device", "cpu", "--quiet", "--prompts", "4"])
     assert rc == 0, text
     assert "all checks passed" in text
     for row in (
@@ -56,7 +56,7 @@ def test_main_job_fails_when_tracked_state_is_stale(monkeypatch: pytest.MonkeyPa
             t.index_copy_(1, dst, t.index_select(1, src))
 
     monkeypatch.setattr(decode_graphs, "_track_save", stale)
-    rc, text = _run(["--quiet", "--prompts", "3", "--no-transformers"])
+    rc, text = _run(["--device", "cpu", "--quiet", "--prompts", "3", "--no-transformers"])
     assert rc == 1
     fail = next(ln for ln in text.splitlines() if ln.startswith("cache hit vs cold recompute"))
     assert "FAIL" in fail
@@ -88,7 +88,7 @@ def test_main_job_refuses_an_unsupported_model(tmp_path: Path) -> None:
     raw = json.loads((d / "config.json").read_text())
     raw["hybrid_override_pattern"] = "ME"
     (d / "config.json").write_text(json.dumps(raw))
-    rc, text = _run(["--quiet", "--model", str(d)])
+    rc, text = _run(["--device", "cpu", "--quiet", "--model", str(d)])
     assert rc == 2
     assert "MoE 'E' layers are not supported" in text
 

@@ -11,7 +11,10 @@ import re
 from pathlib import Path
 
 import pytest
-from mypy import api
+
+# mypy is a test dependency (the project's own type gate); a machine without it (the GPU
+# image) skips these cases.
+api = pytest.importorskip("mypy.api")
 
 ROOT = Path(__file__).resolve().parents[2]
 CASES = sorted((Path(__file__).parent / "cases").glob("*.py"))
