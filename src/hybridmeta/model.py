@@ -18,6 +18,7 @@ import torch
 
 from hybridmeta.chunks import chunk_indices_offsets
 from hybridmeta.core import BOOL, INDEX, Pad, field, metadata, tensor_field
+from hybridmeta.staging import to_device_packed
 
 __all__ = [
     "ForwardMetadata",
@@ -331,28 +332,25 @@ def prepare_mixed(
     qsl = torch.zeros(num_prefills + 1, dtype=torch.int64)
     torch.cumsum(lens, 0, out=qsl[1:])
     indices, offsets = chunk_indices_offsets(qsl, chunk_size)
-    num_tokens, num_chunks = int(qsl[-1]), indices.numel()
-    # One host staging buffer (pinned when the target is a GPU), one H2D copy, then views:
-    # [seq_idx | chunk_indices | chunk_offsets | has_initial_states].
-    staged = torch.empty(
-        num_tokens + 2 * num_chunks + num_prefills,
+    num_tokens = int(qsl[-1])
+    has_init = [p > 0 for p in extend_prefix_lens_cpu]
+    staged = to_device_packed(
+        {
+            "seq_idx": torch.repeat_interleave(torch.arange(num_prefills), lens),
+            "chunk_indices": indices,
+            "chunk_offsets": offsets,
+            "has_initial_states": torch.tensor(has_init),
+        },
+        device,
         dtype=torch.int32,
-        pin_memory=device.type == "cuda",
     )
-    seq_idx, rest = staged[:num_tokens], staged[num_tokens:]
-    seq_idx.copy_(torch.repeat_interleave(torch.arange(num_prefills, dtype=torch.int32), lens))
-    rest[:num_chunks].copy_(indices)
-    rest[num_chunks : 2 * num_chunks].copy_(offsets)
-    rest[2 * num_chunks :].copy_(torch.tensor([p > 0 for p in extend_prefix_lens_cpu]))
-    on_device = staged.to(device, non_blocking=True)
-    d_rest = on_device[num_tokens:]
     mixed = MixedMetadata(
-        has_initial_states=d_rest[2 * num_chunks :].bool(),
-        prep_initial_states=any(p > 0 for p in extend_prefix_lens_cpu),
+        has_initial_states=staged["has_initial_states"].bool(),
+        prep_initial_states=any(has_init),
         chunk_size=chunk_size,
-        seq_idx=on_device[:num_tokens],
-        chunk_indices=d_rest[:num_chunks],
-        chunk_offsets=d_rest[num_chunks : 2 * num_chunks],
+        seq_idx=staged["seq_idx"],
+        chunk_indices=staged["chunk_indices"],
+        chunk_offsets=staged["chunk_offsets"],
         extend_seq_lens_cpu=tuple(int(n) for n in extend_seq_lens_cpu),
     )
     return Mamba2Metadata.evolve_from(

@@ -38,6 +38,7 @@ import torch
 
 from hybridmeta.chunks import chunk_indices_offsets
 from hybridmeta.model import ForwardMetadata, Mamba2Metadata, prepare_decode, prepare_mixed
+from hybridmeta.staging import to_device_packed
 
 __all__ = ["PrefillPlan", "TrackPlan", "plan_mixed_batch"]
 
@@ -431,17 +432,7 @@ def plan_mixed_batch(
         ("track_slots", np.where(tmask, tslots, -1)),
         ("track_mask", tmask.astype(np.int64)),
     ]
-    host = torch.from_numpy(np.concatenate([a.astype(np.int64).reshape(-1) for _, a in parts]))
-    if dev.type == "cuda":
-        host = host.pin_memory()
-    flat = host.to(dev, non_blocking=True)
-    views = dict(
-        zip(
-            [name for name, _ in parts],
-            torch.split(flat, [int(a.size) for _, a in parts]),
-            strict=True,
-        )
-    )
+    views = to_device_packed(dict(parts), dev)
 
     has_track = bool(tmask.any())
     fwd = ForwardMetadata(

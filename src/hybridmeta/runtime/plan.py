@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 import attrs
 import torch
 
+from hybridmeta.staging import to_device_packed
+
 if TYPE_CHECKING:
     from hybridmeta.prefill import PrefillPlan as MambaPrefillPlan
 
@@ -186,13 +188,7 @@ def build_prefill_plan(
         "track_chunk": track_rel // chunk_size,
         "track_slot": track_slot,
     }
-    flat = torch.cat([t.reshape(-1) for t in parts.values()]).to(device, non_blocking=True)
-    d = {
-        name: v.view(t.shape)
-        for (name, t), v in zip(
-            parts.items(), torch.split(flat, [t.numel() for t in parts.values()]), strict=True
-        )
-    }
+    d = to_device_packed(parts, device)
 
     return PrefillPlan(
         slots=d["slots"],

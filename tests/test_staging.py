@@ -1,0 +1,44 @@
+"""One-copy host-to-device staging of plan arrays."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+import torch
+
+from hybridmeta.staging import to_device_packed
+
+
+def _round_trip(device: torch.device) -> None:
+    parts: dict[str, torch.Tensor | npt.NDArray[Any]] = {
+        "a": torch.tensor([3, 1, 4]),
+        "b": np.array([[1, 5], [9, 2]], dtype=np.int32),
+        "empty": torch.zeros(0, dtype=torch.int64),
+        "mask": np.array([True, False, True]),
+    }
+    out = to_device_packed(parts, device, dtype=torch.int32)
+    assert list(out) == list(parts)
+    for name, v in out.items():
+        ref = torch.as_tensor(parts[name]).to(torch.int32)
+        assert v.device.type == device.type
+        assert v.dtype == torch.int32
+        assert v.shape == ref.shape
+        assert torch.equal(v.cpu(), ref), name
+    # Views of one buffer: one copy, not one per part.
+    assert out["a"].untyped_storage().data_ptr() == out["b"].untyped_storage().data_ptr()
+
+
+def test_round_trip_cpu() -> None:
+    _round_trip(torch.device("cpu"))
+
+
+def test_no_parts() -> None:
+    assert to_device_packed({}, torch.device("cpu")) == {}
+
+
+@pytest.mark.gpu
+def test_round_trip_cuda_pinned() -> None:
+    _round_trip(torch.device("cuda", torch.cuda.current_device()))
