@@ -21,7 +21,7 @@ import hybridmeta  # noqa: F401
 
 _SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large]
 settings.register_profile(
-    "ci", max_examples=20, deadline=None, suppress_health_check=_SLOW_OK, print_blob=True
+    "ci", max_examples=40, deadline=None, suppress_health_check=_SLOW_OK, print_blob=True
 )
 settings.register_profile("dev", max_examples=60, deadline=None, suppress_health_check=_SLOW_OK)
 settings.register_profile(
