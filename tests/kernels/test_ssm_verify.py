@@ -14,7 +14,7 @@ import torch
 
 from hybridmeta import debug_mode
 from hybridmeta.kernels import ssm_state_update, ssm_verify_update
-from hybridmeta.kernels.ssm_verify import ssm_verify_update_reference
+from hybridmeta.kernels.ssm_verify import ssm_verify_launch_config, ssm_verify_update_reference
 from tests.kernels._support import assert_close, bits
 from tests.kernels.test_ops import _hybridmeta_ops
 
@@ -262,3 +262,11 @@ def test_debug_mode_ignores_pad_rows_garbage() -> None:
     with debug_mode():
         out = _call(a)
     assert_close(out, ref_out, "out")
+
+
+def test_verify_tile_holds_32_state_elements_per_thread() -> None:
+    cfg = ssm_verify_launch_config(80, 128)  # Nemotron-Nano-9B-v2
+    assert (cfg.block_p, cfg.num_warps) == (8, 1)
+    assert cfg.block_p * 128 // (32 * cfg.num_warps) == 32
+    assert ssm_verify_launch_config(3, 128).block_p == 4  # never above headdim's pow2
+    assert ssm_verify_launch_config(64, 16).block_p == 64

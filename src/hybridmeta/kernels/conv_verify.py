@@ -37,7 +37,9 @@ from hybridmeta.kernels.ssm_verify import check_draft_indices
 __all__ = ["conv_verify_update", "conv_verify_update_reference", "launch_conv_verify"]
 
 
-@triton.jit(do_not_specialize=["T"])
+# T and the parent array's row stride (T when dense) are runtime values: a new draft
+# length must not compile a new variant (Triton specialises integers equal to 1).
+@triton.jit(do_not_specialize=["T", "stride_par_b"])
 def _conv_verify_kernel(
     x_ptr: tl.tensor,
     conv_state_ptr: tl.tensor,

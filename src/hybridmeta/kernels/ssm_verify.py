@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from hybridmeta.debug import is_debug
-from hybridmeta.kernels._config import SsmLaunchConfig, ssm_launch_config
+from hybridmeta.kernels._config import SsmLaunchConfig
 from hybridmeta.kernels._validate import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
@@ -37,10 +37,32 @@ from hybridmeta.kernels._validate import (
 )
 from hybridmeta.kernels.ops import _observed, _on_device
 
-__all__ = ["launch_ssm_verify", "ssm_verify_update", "ssm_verify_update_reference"]
+__all__ = [
+    "launch_ssm_verify",
+    "ssm_verify_launch_config",
+    "ssm_verify_update",
+    "ssm_verify_update_reference",
+]
 
 
-@triton.jit(do_not_specialize=["T"])
+def ssm_verify_launch_config(headdim: int, dstate: int) -> SsmLaunchConfig:
+    """Pick the verify tile: 32 state elements per thread of one warp, whatever the dtype.
+
+    Unlike the single-token update (4 KiB of state per tile), the verify runs ``T`` updates
+    on the tile it holds, so per-token work per thread, not bytes per tile, sets the pace.
+    The H200 sweep (``benchmarks/bench_spec.py``, docs/spec_decode.md) at Nano-9B-v2 shapes
+    put 8 headdim rows x 128 dstate on one warp on top for both dtypes: bf16 state 81% of
+    the copy ceiling against 71% with the decode rule's 16 rows (T = 4, bs = 64); fp32
+    87.4% (the same tile as the decode rule).
+    """
+    rows = max(1, 1024 // max(dstate, 1))
+    block_p = min(1 << (rows.bit_length() - 1), 1 << max(headdim - 1, 0).bit_length())
+    return SsmLaunchConfig(block_p=max(block_p, 1), num_warps=1)
+
+
+# T and the parent array's row stride (T when dense) are runtime values: a new draft
+# length must not compile a new variant (Triton specialises integers equal to 1).
+@triton.jit(do_not_specialize=["T", "stride_par_b"])
 def _ssm_verify_kernel(
     state_ptr: tl.tensor,
     x_ptr: tl.tensor,
@@ -250,14 +272,14 @@ def launch_ssm_verify(
     parent, num_draft : torch.Tensor or None
         ``[bs, T]`` parent token (``-1`` root) and ``[bs]`` live draft columns.
     config : SsmLaunchConfig, optional
-        Tile shape and warps; the default is the single-token update's rule.
+        Tile shape and warps; default :func:`ssm_verify_launch_config`.
     """
     bs, T = x.shape[:2]
     _, nheads, headdim, dstate = state.shape
     ngroups = B.shape[2]
     if bs == 0 or T == 0:
         return
-    cfg = config if config is not None else ssm_launch_config(state.dtype, headdim, dstate)
+    cfg = config if config is not None else ssm_verify_launch_config(headdim, dstate)
     z_strides = z.stride() if z is not None else (0, 0, 0, 0)
     par_strides = parent.stride() if parent is not None else (0, 0)
     grid = (triton.cdiv(headdim, cfg.block_p), bs, nheads)
