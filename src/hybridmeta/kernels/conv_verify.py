@@ -23,7 +23,7 @@ import triton.language as tl
 
 from hybridmeta.debug import is_debug
 from hybridmeta.kernels._config import ConvLaunchConfig, conv_launch_config
-from hybridmeta.kernels._dispatch import Impl, observed, on_device, resolve
+from hybridmeta.kernels._dispatch import Impl, no_output_fake, observed, on_device, resolve
 from hybridmeta.kernels._math import conv_step
 from hybridmeta.kernels._validate import (
     FLOAT_DTYPES,
@@ -273,21 +273,7 @@ _conv_verify_op = torch.library.custom_op(
     "hybridmeta::conv_verify_update", _conv_verify_impl, mutates_args=("out", "inter")
 )
 
-
-@_conv_verify_op.register_fake
-def _conv_verify_fake(
-    x: torch.Tensor,
-    conv_state: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    out: torch.Tensor,
-    inter: torch.Tensor,
-    cache_indices: torch.Tensor,
-    silu: bool,
-    parent: torch.Tensor | None,
-    num_draft: torch.Tensor | None,
-) -> None:
-    return None
+_conv_verify_op.register_fake(no_output_fake)
 
 
 # --------------------------------------------------------------------------- public op

@@ -21,7 +21,7 @@ import triton.language as tl
 
 from hybridmeta.debug import is_debug
 from hybridmeta.kernels._config import CopyLaunchConfig, copy_launch_config
-from hybridmeta.kernels._dispatch import Impl, observed, on_device, resolve
+from hybridmeta.kernels._dispatch import Impl, no_output_fake, observed, on_device, resolve
 from hybridmeta.kernels._math import scatter_rows_
 from hybridmeta.kernels._validate import (
     INDEX_DTYPES,
@@ -241,20 +241,7 @@ _spec_commit_op = torch.library.custom_op(
     "hybridmeta::spec_commit", _spec_commit_impl, mutates_args=("conv_pool", "ssm_pool")
 )
 
-
-@_spec_commit_op.register_fake
-def _spec_commit_fake(
-    conv_pool: torch.Tensor,
-    ssm_pool: torch.Tensor,
-    inter_conv: torch.Tensor,
-    inter_ssm: torch.Tensor,
-    state_indices: torch.Tensor,
-    accepted_index: torch.Tensor,
-    track_indices: torch.Tensor | None,
-    track_mask: torch.Tensor | None,
-    track_token: torch.Tensor | None,
-) -> None:
-    return None
+_spec_commit_op.register_fake(no_output_fake)
 
 
 # --------------------------------------------------------------------------- public op

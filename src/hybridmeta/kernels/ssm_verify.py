@@ -25,7 +25,7 @@ import triton.language as tl
 
 from hybridmeta.debug import is_debug
 from hybridmeta.kernels._config import SsmLaunchConfig
-from hybridmeta.kernels._dispatch import Impl, observed, on_device, resolve
+from hybridmeta.kernels._dispatch import Impl, no_output_fake, observed, on_device, resolve
 from hybridmeta.kernels._math import discretize, ssm_step
 from hybridmeta.kernels._validate import (
     FLOAT_DTYPES,
@@ -376,26 +376,7 @@ _ssm_verify_op = torch.library.custom_op(
     "hybridmeta::ssm_verify_update", _ssm_verify_impl, mutates_args=("out", "inter")
 )
 
-
-@_ssm_verify_op.register_fake
-def _ssm_verify_fake(
-    state: torch.Tensor,
-    x: torch.Tensor,
-    dt: torch.Tensor,
-    A: torch.Tensor,
-    B: torch.Tensor,
-    C: torch.Tensor,
-    out: torch.Tensor,
-    inter: torch.Tensor,
-    state_indices: torch.Tensor,
-    D: torch.Tensor | None,
-    z: torch.Tensor | None,
-    dt_bias: torch.Tensor | None,
-    dt_softplus: bool,
-    parent: torch.Tensor | None,
-    num_draft: torch.Tensor | None,
-) -> None:
-    return None
+_ssm_verify_op.register_fake(no_output_fake)
 
 
 # --------------------------------------------------------------------------- public op
