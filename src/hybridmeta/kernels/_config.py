@@ -15,10 +15,17 @@ import torch
 
 @attrs.frozen
 class SsmLaunchConfig:
-    """Tile of the SSM update: ``block_p`` headdim rows by the whole ``dstate``."""
+    """Tile of the SSM update: ``block_p`` headdim rows by the whole ``dstate``.
+
+    ``row_splits``: programs per tile position along the rows (``None``: about 2.5 full
+    waves of resident programs; each program walks ``ceil(bs / row_splits)`` rows).
+    ``row_block``: rows whose slots a program reads at once to skip pad rows.
+    """
 
     block_p: int
     num_warps: int
+    row_splits: int | None = None
+    row_block: int = 64
 
 
 @attrs.frozen
@@ -39,18 +46,21 @@ class CopyLaunchConfig:
     max_programs: int
 
 
+@functools.cache
 def ssm_launch_config(state_dtype: torch.dtype, headdim: int, dstate: int) -> SsmLaunchConfig:
     """Pick the SSM update tile for a state dtype and head shape.
 
-    A tile carries 4 KiB of state whatever its dtype, on one warp: 128 bytes of state per
-    thread. The H200 sweeps (docs/kernels.md) put 4 KiB tiles on top at bs 1, 64 and 512
-    for both dtypes, one warp a hair ahead of two; mamba_ssm's 4-row tiles (2 KiB fp32,
-    1 KiB bf16, 4 warps) make the kernel bound by program scheduling, not memory, and hurt
-    a bf16 state most.
+    A tile carries 4 KiB of state whatever its dtype. An fp32 tile runs on one warp (128
+    bytes of state per thread); a bf16 tile holds twice the values, converted to fp32 in
+    registers, and runs on two warps: in the H200 sweep of the row-walking kernel
+    (docs/perf_notes.md, run 2) bf16 `[16, N]` on 2 warps reached 82.7% of copy at bs 512
+    against 71% on 1 warp, while fp32 `[8, N]` on 1 warp led (92-94%). mamba_ssm's 4-row
+    tiles (2 KiB fp32, 1 KiB bf16, 4 warps) make the kernel bound by program scheduling.
     """
     rows = max(1, (4096 // state_dtype.itemsize) // max(dstate, 1))
     block_p = min(_pow2_floor(rows), _pow2_ceil(headdim))
-    return SsmLaunchConfig(block_p=max(block_p, 1), num_warps=1)
+    warps = 2 if state_dtype.itemsize < 4 and block_p >= 16 else 1
+    return SsmLaunchConfig(block_p=max(block_p, 1), num_warps=warps)
 
 
 def conv_launch_config(dim: int, *, channels_contiguous: bool = False) -> ConvLaunchConfig:

@@ -31,7 +31,7 @@ from hybridmeta.kernels._validate import (
     check_tensor,
 )
 from hybridmeta.kernels.conv_update import launch_conv_update
-from hybridmeta.kernels.ssm_update import launch_ssm_update
+from hybridmeta.kernels.ssm_update import launch_ssm_update, ssm_args_ok
 from hybridmeta.kernels.track_save import launch_track_save
 
 __all__ = [
@@ -96,12 +96,12 @@ def _ssm_state_update_impl(
     track_indices: torch.Tensor | None,
     track_mask: torch.Tensor | None,
 ) -> None:
-    with _on_device(state.device):
-        launch_ssm_update(
-            state, x, dt, A, B, C, out, src_indices,
-            D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus, dst_indices=dst_indices,
-            track_indices=track_indices, track_mask=track_mask,
-        )  # fmt: skip
+    # The launcher makes the tensors' device current itself (only when it is not).
+    launch_ssm_update(
+        state, x, dt, A, B, C, out, src_indices,
+        D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus, dst_indices=dst_indices,
+        track_indices=track_indices, track_mask=track_mask,
+    )  # fmt: skip
 
 
 _ssm_state_update_op = torch.library.custom_op(
@@ -139,8 +139,8 @@ def _conv_update_impl(
     slot_indices: torch.Tensor,
     silu: bool,
 ) -> None:
-    with _on_device(conv_state.device):
-        launch_conv_update(x, conv_state, weight, bias, out, slot_indices, silu=silu)
+    # The launcher makes the tensors' device current itself (only when it is not).
+    launch_conv_update(x, conv_state, weight, bias, out, slot_indices, silu=silu)
 
 
 _conv_update_op = torch.library.custom_op(
@@ -262,9 +262,46 @@ def ssm_state_update(
         on an index outside ``[-1, slots)`` or two rows writing one slot. Nothing is written.
     """
     op = "ssm_state_update"
+    # One cheap expression first; the detailed checks below only run (and name the broken
+    # rule) when it fails, so a valid call pays a few microseconds of host time.
+    if not ssm_args_ok(state, x, dt, A, B, C, state_indices, D, z, dt_bias, dst_indices,
+                       track_indices, track_mask, out):  # fmt: skip
+        _check_ssm_args(op, state, x, dt, A, B, C, state_indices, D, z, dt_bias, dst_indices,
+                        track_indices, track_mask, out)  # fmt: skip
+    if is_debug():
+        slots = state.shape[0]
+        _debug_check_ssm(op, slots, state_indices, dst_indices, track_indices, track_mask)
+    if out is None:
+        out = torch.empty_like(x)
+    run = torch.ops.hybridmeta.ssm_state_update if _observed(state) else _ssm_state_update_impl
+    run(
+        state, x, dt, A, B, C, out, state_indices, D, z, dt_bias, dt_softplus,
+        dst_indices, track_indices, track_mask,
+    )  # fmt: skip
+    return out
+
+
+def _check_ssm_args(
+    op: str,
+    state: torch.Tensor,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    state_indices: torch.Tensor,
+    D: torch.Tensor | None,
+    z: torch.Tensor | None,
+    dt_bias: torch.Tensor | None,
+    dst_indices: torch.Tensor | None,
+    track_indices: torch.Tensor | None,
+    track_mask: torch.Tensor | None,
+    out: torch.Tensor | None,
+) -> None:
+    """The detailed checks of :func:`ssm_state_update`: raise naming the broken rule."""
     state = check_pool(op, "state", state, dims="[slots, nheads, headdim, dstate]")
     dev = state.device
-    slots, nheads, headdim, dstate = state.shape
+    _, nheads, headdim, dstate = state.shape
     x = check_tensor(op, "x", x, shape=(None, nheads, headdim), dtypes=FLOAT_DTYPES, device=dev,
                      dims="[bs, nheads, headdim]")  # fmt: skip
     bs = x.shape[0]
@@ -299,16 +336,11 @@ def ssm_state_update(
     if out is not None:
         check_tensor(op, "out", out, shape=(bs, nheads, headdim), dtypes=(x.dtype,), device=dev,
                      dims="[bs, nheads, headdim]")  # fmt: skip
-    if is_debug():
-        _debug_check_ssm(op, slots, state_indices, dst_indices, track_indices, track_mask)
-    if out is None:
-        out = torch.empty_like(x)
-    run = torch.ops.hybridmeta.ssm_state_update if _observed(state) else _ssm_state_update_impl
-    run(
-        state, x, dt, A, B, C, out, state_indices, D, z, dt_bias, dt_softplus,
-        dst_indices, track_indices, track_mask,
-    )  # fmt: skip
-    return out
+    for name, idx in (("state_indices", state_indices), ("dst_indices", dst_indices),
+                      ("track_indices", track_indices), ("track_mask", track_mask)):  # fmt: skip
+        if idx is not None and not idx.is_contiguous():
+            # The kernel reads row b's entry at offset b.
+            raise ValueError(f"{op}: `{name}` must be contiguous, got strides {list(idx.stride())}")
 
 
 def _debug_check_ssm(
