@@ -12,8 +12,8 @@ Decode: :mod:`~hybridmeta.kernels.ssm_update`, :mod:`~hybridmeta.kernels.conv_up
 :mod:`~hybridmeta.kernels.track_save`. Prefill: :mod:`~hybridmeta.kernels.conv_prefill`,
 :mod:`~hybridmeta.kernels.ssd_scan`, :mod:`~hybridmeta.kernels.extend_track`. Speculative
 verify: :mod:`~hybridmeta.kernels.ssm_verify`, :mod:`~hybridmeta.kernels.conv_verify`,
-:mod:`~hybridmeta.kernels.spec_commit` (``docs/spec_decode.md``). The shared math is
-:mod:`~hybridmeta.kernels._math`.
+:mod:`~hybridmeta.kernels.spec_commit` (``docs/spec_decode.md``). The layer's norms:
+:mod:`~hybridmeta.kernels.rms_norm`. The shared math is :mod:`~hybridmeta.kernels._math`.
 
 On a machine without CUDA the Triton kernels run under the Triton interpreter: importing
 ``hybridmeta`` sets ``TRITON_INTERPRET=1`` (unless already set) before any kernel is
@@ -32,6 +32,14 @@ from hybridmeta.kernels.conv_update import (
 )
 from hybridmeta.kernels.conv_verify import conv_verify_update, conv_verify_update_reference
 from hybridmeta.kernels.extend_track import extend_track_save
+from hybridmeta.kernels.rms_norm import (
+    add_rms_norm,
+    add_rms_norm_reference,
+    gated_rms_norm,
+    gated_rms_norm_reference,
+    rms_norm,
+    rms_norm_reference,
+)
 from hybridmeta.kernels.spec_commit import spec_commit, spec_commit_reference, spec_track_token
 from hybridmeta.kernels.ssd_scan import (
     SSDScanOutput,
@@ -55,6 +63,8 @@ __all__ = [
     "Impl",
     "SSDScanOutput",
     "SSMParams",
+    "add_rms_norm",
+    "add_rms_norm_reference",
     "causal_conv1d_prefill",
     "causal_conv1d_update",
     "causal_conv1d_update_from_metadata",
@@ -62,7 +72,11 @@ __all__ = [
     "conv_verify_update",
     "conv_verify_update_reference",
     "extend_track_save",
+    "gated_rms_norm",
+    "gated_rms_norm_reference",
     "implementation",
+    "rms_norm",
+    "rms_norm_reference",
     "spec_commit",
     "spec_commit_reference",
     "spec_track_token",

@@ -15,10 +15,19 @@ import torch
 
 @attrs.frozen
 class SsmLaunchConfig:
-    """Tile of the SSM update: ``block_p`` headdim rows by the whole ``dstate``."""
+    """Tile of the SSM update: ``block_p`` headdim rows by the whole ``dstate``.
+
+    ``row_walk``: the row-walking kernel (fp32 state), else one tile a program.
+    ``row_splits``: programs per tile position along the rows (``None``: about 2.5 full
+    waves of resident programs; each program walks ``ceil(bs / row_splits)`` rows).
+    ``row_block``: rows whose slots a program reads at once to skip pad rows.
+    """
 
     block_p: int
     num_warps: int
+    row_splits: int | None = None
+    row_block: int = 64
+    row_walk: bool = True
 
 
 @attrs.frozen
@@ -39,18 +48,24 @@ class CopyLaunchConfig:
     max_programs: int
 
 
+@functools.cache
 def ssm_launch_config(state_dtype: torch.dtype, headdim: int, dstate: int) -> SsmLaunchConfig:
-    """Pick the SSM update tile for a state dtype and head shape.
+    """Pick the SSM update kernel and tile for a state dtype and head shape.
 
-    A tile carries 4 KiB of state whatever its dtype, on one warp: 128 bytes of state per
-    thread. The H200 sweeps (docs/kernels.md) put 4 KiB tiles on top at bs 1, 64 and 512
-    for both dtypes, one warp a hair ahead of two; mamba_ssm's 4-row tiles (2 KiB fp32,
-    1 KiB bf16, 4 warps) make the kernel bound by program scheduling, not memory, and hurt
-    a bf16 state most.
+    A tile carries 4 KiB of state whatever its dtype, on one warp (128 bytes of state per
+    thread). An fp32 state takes the row-walking kernel: 92.8 / 94.0 / 93.7% of the copy
+    ceiling at bs 128 / 256 / 512 on the H200, against 90-92% for one tile a program, and
+    a padded bucket costs little (docs/perf_notes.md, run 3). A bf16 / fp16 state takes one
+    tile a program: the row walk's extra live registers held its 16-row bf16 tile to
+    78-82% (2 warps) and 71% (1 warp), against 88-90% for one tile a program on one warp.
+    mamba_ssm's 4-row tiles (2 KiB fp32, 1 KiB bf16, 4 warps) make the kernel bound by
+    program scheduling.
     """
     rows = max(1, (4096 // state_dtype.itemsize) // max(dstate, 1))
-    block_p = min(_pow2_floor(rows), _pow2_ceil(headdim))
-    return SsmLaunchConfig(block_p=max(block_p, 1), num_warps=1)
+    block_p = max(min(_pow2_floor(rows), _pow2_ceil(headdim)), 1)
+    return SsmLaunchConfig(
+        block_p=block_p, num_warps=1, row_walk=state_dtype.itemsize >= 4
+    )
 
 
 def conv_launch_config(dim: int, *, channels_contiguous: bool = False) -> ConvLaunchConfig:

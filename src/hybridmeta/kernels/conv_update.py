@@ -20,7 +20,8 @@ import triton.language as tl
 
 from hybridmeta.debug import is_debug
 from hybridmeta.kernels._config import ConvLaunchConfig, conv_launch_config
-from hybridmeta.kernels._dispatch import Impl, no_output_fake, observed, on_device, resolve
+from hybridmeta.kernels._dispatch import Impl, no_output_fake, observed, resolve
+from hybridmeta.kernels._launch import DirectLauncher
 from hybridmeta.kernels._math import conv_step, scatter_rows_
 from hybridmeta.kernels._validate import (
     FLOAT_DTYPES,
@@ -157,33 +158,35 @@ def launch_conv_update(
         if config is not None
         else conv_launch_config(dim, channels_contiguous=conv_state.stride(1) == 1)
     )
-    grid = (triton.cdiv(dim, cfg.block_c), triton.cdiv(bs, cfg.rows))
-    _conv_update_kernel[grid](
-        x_ptr=x,
-        conv_state_ptr=conv_state,
-        weight_ptr=weight,
-        bias_ptr=bias,
-        out_ptr=out,
-        slot_ptr=slot_indices,
-        bs=bs,
-        dim=dim,
-        stride_x_b=x.stride(0),
-        stride_x_c=x.stride(1),
-        stride_cs_slot=conv_state.stride(0),
-        stride_cs_c=conv_state.stride(1),
-        stride_cs_w=conv_state.stride(2),
-        stride_w_c=weight.stride(0),
-        stride_w_k=weight.stride(1),
-        stride_o_b=out.stride(0),
-        stride_o_c=out.stride(1),
-        WIDTH=width,
-        HAS_BIAS=bias is not None,
-        SILU=silu,
-        ROWS=cfg.rows,
-        BLOCK_C=cfg.block_c,
-        BLOCK_K=triton.next_power_of_2(width),
-        num_warps=cfg.num_warps,
-    )
+    grid = (triton.cdiv(dim, cfg.block_c), triton.cdiv(bs, cfg.rows), 1)
+    ints = (
+        dim, x.stride(0), x.stride(1), *conv_state.stride(), weight.stride(0), weight.stride(1),
+        out.stride(0), out.stride(1),
+    )  # fmt: skip
+    flags = (width, bias is not None, silu, cfg.rows, cfg.block_c, triton.next_power_of_2(width))
+    ptrs = (
+        x.data_ptr(), conv_state.data_ptr(), weight.data_ptr(),
+        None if bias is None else bias.data_ptr(), out.data_ptr(), slot_indices.data_ptr(),
+    )  # fmt: skip
+    aligned = all(p is None or p & 15 == 0 for p in ptrs)
+    dev = conv_state.get_device()
+    key = (
+        dev, cfg.num_warps, ints, flags, x.dtype, conv_state.dtype, weight.dtype,
+        None if bias is None else bias.dtype, out.dtype, slot_indices.dtype,
+    )  # fmt: skip
+    var = _LAUNCHER.lookup(key, aligned)
+    _LAUNCHER.launch(
+        var, grid, key, dev, aligned,
+        lambda: (*ptrs, bs, *ints, *flags),
+        lambda g: _conv_update_kernel[g](
+            x, conv_state, weight, bias, out, slot_indices, bs, *ints,
+            WIDTH=width, HAS_BIAS=bias is not None, SILU=silu, ROWS=cfg.rows,
+            BLOCK_C=cfg.block_c, BLOCK_K=flags[5], num_warps=cfg.num_warps,
+        ),
+    )  # fmt: skip
+
+
+_LAUNCHER = DirectLauncher(_conv_update_kernel)
 
 
 # --------------------------------------------------------------------------- custom op
@@ -198,8 +201,8 @@ def _conv_update_impl(
     slot_indices: torch.Tensor,
     silu: bool,
 ) -> None:
-    with on_device(conv_state.device):
-        launch_conv_update(x, conv_state, weight, bias, out, slot_indices, silu=silu)
+    # The launcher makes the tensors' device current itself (only when it is not).
+    launch_conv_update(x, conv_state, weight, bias, out, slot_indices, silu=silu)
 
 
 _conv_update_op = torch.library.custom_op(

@@ -22,7 +22,6 @@ from torch import nn
 
 from hybridmeta import kernels
 from hybridmeta.model import Mamba2Metadata
-from hybridmeta.runtime import ops
 from hybridmeta.runtime.config import NemotronHConfig
 from hybridmeta.runtime.plan import AttentionPlan
 from hybridmeta.runtime.state import StatePool
@@ -68,8 +67,11 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.rms_norm(x, self.weight, self.eps)
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(norm(x + residual), x + residual)`` in one pass (fused add + RMSNorm)."""
+        return kernels.add_rms_norm(x.contiguous(), residual, self.weight, self.eps)
 
 
 class GatedRMSNorm(nn.Module):
@@ -80,7 +82,9 @@ class GatedRMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        return ops.gated_rms_norm(y, z, self.weight, self.group_size, self.eps)
+        return kernels.gated_rms_norm(
+            y.contiguous(), z.contiguous(), self.weight, self.group_size, self.eps
+        )
 
 
 class Relu2MLP(nn.Module):
@@ -267,16 +271,17 @@ class Block(nn.Module):
         else:
             raise ValueError(f"Block: unsupported layer kind {kind!r} (supported: 'M', '*', '-')")
 
-    def _mixed(self, h: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.norm(h.to(self.norm.weight.dtype))
-        return out
-
-    def forward(self, h: torch.Tensor, fwd: Forward) -> torch.Tensor:
-        x = self._mixed(h)
+    def forward(
+        self, delta: torch.Tensor, residual: torch.Tensor | None, fwd: Forward
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The previous layer's output ``delta`` joins the residual stream (one fused add +
+        norm); returns this layer's output and the stream: ``h = residual + delta``,
+        ``(mixer(norm(h)), h)``. The first layer gets the embeddings and no residual."""
+        x, h = self.norm(delta, residual)
         if isinstance(self.mixer, Mamba2Mixer | Attention):
-            return h + self.mixer.forward(x, fwd)
+            return self.mixer.forward(x, fwd), h
         mlp: torch.Tensor = self.mixer(x)
-        return h + mlp
+        return mlp, h
 
 
 class NemotronH(nn.Module):
@@ -304,18 +309,21 @@ class NemotronH(nn.Module):
             self.lm_head.weight = self.embeddings.weight
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        """Final norm + LM head, fp32 logits."""
-        out: torch.Tensor = self.lm_head(self.norm_f(h))
+        """LM head of final-normed hidden states, fp32 logits."""
+        out: torch.Tensor = self.lm_head(h)
         return out.float()
 
     def _layers(self, h: torch.Tensor, fwd: Forward) -> torch.Tensor:
+        """Every layer, then the final norm: ``[T, hidden]`` normed hidden states."""
+        delta, residual = h, None
         for layer in self.layers:
             assert isinstance(layer, Block)
-            h = layer.forward(h, fwd)
+            delta, residual = layer.forward(delta, residual, fwd)
         # The forward's track-save: every row flagged in mamba_track_mask (a decode row at a
         # boundary, a prefill row whose boundary is its last token) saves its state now.
         kernels.track_save_from_metadata(fwd.md, fwd.pool.conv, fwd.pool.ssm)
-        return h
+        out: torch.Tensor = self.norm_f(delta, residual)[0]
+        return out
 
     def forward_prefill(
         self,

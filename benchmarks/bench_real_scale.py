@@ -1,0 +1,397 @@
+"""Real-scale decode: the Nemotron-Nano-9B-v2 architecture with random weights, one GPU.
+
+Builds the model with ``transformers`` (``NemotronHConfig`` + ``from_config`` under
+``torch.device("cuda")``, bf16; nothing is downloaded), saves it with ``save_pretrained``
+(``--dir``, default ``/dev/shm``), loads it with :func:`hybridmeta.runtime.load_nemotron_h`
+and measures, in one run:
+
+* the copy ceiling (1 GiB device-to-device) and the weight-read floor of a decode step
+  (bytes of all weights / ceiling);
+* the runtime's decode step (``Runtime`` with captured ``DecodeGraphs``, ``--kernels``
+  Triton by default) at bs 1 and 16: wall time per decode-only step (host included, one
+  sync per step), the replay of the captured step alone (CUDA events), the kernels of one
+  step and their summed GPU time (``torch.profiler``, graph replay and eager);
+* prefill tokens/s of the runtime (one prompt of ``--prefill-len`` tokens, and 16 rows);
+* decode tokens/s of ``transformers``' ``generate`` on the same model (bs 1 and 16), from
+  two runs that differ only in the number of new tokens.
+
+Writes ``real_scale_<tag>.json`` (device, versions, date, config, every figure) to ``--out``.
+
+    PYTHONPATH=src python3 benchmarks/bench_real_scale.py --out "$OUT"
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import os
+import shutil
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import hybridmeta
+from hybridmeta.runtime import Runtime, RuntimeOptions, load_nemotron_h
+from hybridmeta.runtime.config import NemotronHConfig as RuntimeConfig
+from hybridmeta.runtime.decode_graphs import decode_metadata
+
+PATTERN = "M-M-M-MM-M-M-M*-M-M-M*-M-M-M-M*-M-M-M-M*-M-MM-M-M-M-M-M-"
+
+
+def nano_config(*, layers: int | None = None) -> RuntimeConfig:
+    """Nemotron-Nano-9B-v2's shapes (``layers``: a prefix of the pattern, for smoke runs)."""
+    return RuntimeConfig(
+        vocab_size=131072,
+        hidden_size=4480,
+        pattern=PATTERN if layers is None else PATTERN[:layers],
+        num_attention_heads=40,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_size=15680,
+        mamba_num_heads=128,
+        mamba_head_dim=80,
+        ssm_state_size=128,
+        n_groups=8,
+        conv_kernel=4,
+        chunk_size=128,
+        layer_norm_epsilon=1e-5,
+        use_conv_bias=True,
+        use_bias=False,
+        mlp_bias=False,
+        time_step_min=0.001,
+        tie_word_embeddings=False,
+    )
+
+
+def tiny_config() -> RuntimeConfig:
+    """A small model of the same layer kinds (``--small``: CPU smoke run of the script)."""
+    from hybridmeta.runtime.tiny import tiny_config as tiny
+
+    return tiny(pattern="M-M*M-", chunk_size=16)
+
+
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def copy_ceiling(dev: torch.device) -> dict[str, float]:
+    n = 1 << 28 if dev.type == "cuda" else 1 << 16
+    src = torch.randn(n, device=dev)
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(12):
+        _sync(dev)
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        _sync(dev)
+        times.append(time.perf_counter() - t0)
+    if dev.type == "cuda":
+        from triton.testing import do_bench
+
+        t = float(do_bench(lambda: dst.copy_(src), warmup=10, rep=100, return_mode="median")) / 1e3
+    else:
+        t = statistics.median(times)
+    return {"bytes": 2.0 * n * 4, "seconds": t, "tbps": 2.0 * n * 4 / t / 1e12}
+
+
+def build_and_save(cfg: RuntimeConfig, path: Path, dev: torch.device) -> tuple[Any, dict[str, float]]:
+    """The transformers model at ``cfg`` (random weights, bf16, on ``dev``), saved to ``path``."""
+    import transformers
+
+    hf_cfg = transformers.AutoConfig.for_model(**cfg.to_hf_dict())
+    hf_cfg.use_mamba_kernels = False  # the pure-torch path: the peers' kernels are not here
+    t0 = time.perf_counter()
+    torch.manual_seed(0)
+    with torch.device(dev):
+        hf = transformers.AutoModelForCausalLM.from_config(hf_cfg, dtype=torch.bfloat16)
+    hf.eval()
+    _sync(dev)
+    t1 = time.perf_counter()
+    if path.exists():
+        shutil.rmtree(path)
+    hf.save_pretrained(path)
+    t2 = time.perf_counter()
+    _plain_floats(path / "config.json")
+    return hf, {"build_s": t1 - t0, "save_s": t2 - t1}
+
+
+def _plain_floats(config_json: Path) -> None:
+    """transformers 5.x writes ``time_step_limit`` as ``[0.0, {"__float__": "Infinity"}]``,
+    which the runtime's config reader does not take (yet): write plain JSON floats."""
+    raw = json.loads(config_json.read_text())
+
+    def plain(v: Any) -> Any:
+        if isinstance(v, dict) and set(v) == {"__float__"}:
+            return float(v["__float__"])
+        if isinstance(v, list):
+            return [plain(x) for x in v]
+        return v
+
+    config_json.write_text(json.dumps({k: plain(v) for k, v in raw.items()}, indent=2))
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    seen: set[int] = set()
+    total = 0
+    for p in model.parameters():
+        if p.data_ptr() in seen:
+            continue
+        seen.add(p.data_ptr())
+        total += p.numel() * p.element_size()
+    return total
+
+
+def _prompt(n: int, vocab: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, vocab, (n,), generator=g).tolist()
+
+
+def run_requests(rt: Runtime, prompts: list[list[int]], new_tokens: int) -> dict[str, Any]:
+    """Submit and run to completion; per-step stats split into prefill and decode-only."""
+    for p in prompts:
+        rt.submit(p, new_tokens)
+    prefill, decode = [], []
+    while rt.has_work:
+        st = rt.step()
+        if st.prefill_rows:
+            prefill.append({"tokens": st.prefill_tokens, "rows": st.prefill_rows,
+                            "decode_rows": st.decode_rows, "seconds": st.seconds})  # fmt: skip
+        elif st.decode_rows:
+            decode.append({"rows": st.decode_rows, "seconds": st.seconds})
+    full = [d["seconds"] for d in decode if d["rows"] == len(prompts)]
+    out: dict[str, Any] = {"prefill_steps": prefill, "decode_steps": len(decode)}
+    if full:
+        med = statistics.median(full)
+        out |= {"decode_step_wall_ms": med * 1e3, "decode_step_wall_min_ms": min(full) * 1e3,
+                "decode_tokens_per_s": len(prompts) / med}  # fmt: skip
+    ptoks = sum(p["tokens"] for p in prefill)
+    psec = sum(p["seconds"] for p in prefill)
+    if psec > 0:
+        out["prefill_tokens_per_s"] = ptoks / psec
+    return out
+
+
+def make_replay(rt: Runtime, bs: int) -> Callable[[], torch.Tensor]:
+    """One replay of the captured decode step of bucket ``bs`` on slots ``1..bs``."""
+    assert rt.graphs is not None
+    graphs = rt.graphs
+    dev = rt.device
+    slots = torch.arange(1, bs + 1, dtype=torch.int64, device=dev)
+    ids = torch.full((bs,), 5, dtype=torch.int64, device=dev)
+    pos = torch.full((bs,), 3, dtype=torch.int64, device=dev)
+    fwd = decode_metadata(slots, torch.full_like(slots, -1), torch.zeros_like(slots, dtype=torch.bool))
+    return lambda: graphs.run(fwd, ids, pos)
+
+
+def replay_ms(rt: Runtime, bs: int, iters: int) -> dict[str, float]:
+    """The captured decode step replayed alone: GPU time between events, and host time."""
+    dev = rt.device
+    replay = make_replay(rt, bs)
+    for _ in range(3):
+        replay()
+    _sync(dev)
+    if dev.type != "cuda":
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            replay()
+        return {"replay_ms": (time.perf_counter() - t0) / iters * 1e3}
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    host = []
+    for i in range(iters):
+        t0 = time.perf_counter()
+        starts[i].record()
+        replay()
+        ends[i].record()
+        host.append(time.perf_counter() - t0)
+        _sync(dev)
+    gpu = [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
+    return {"replay_ms": statistics.median(gpu), "replay_min_ms": min(gpu),
+            "replay_host_ms": statistics.median(host) * 1e3}  # fmt: skip
+
+
+def profile_step(fn: Callable[[], Any], dev: torch.device, steps: int) -> dict[str, Any]:
+    """Kernels per step and their summed GPU time (torch.profiler over ``steps`` calls)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    _sync(dev)
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        for _ in range(steps):
+            fn()
+        _sync(dev)
+    kernels = [
+        e for e in prof.events()
+        if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA
+    ]  # fmt: skip
+    names: dict[str, int] = {}
+    for e in kernels:
+        names[e.name] = names.get(e.name, 0) + 1
+    top = sorted(names.items(), key=lambda kv: -kv[1])[:25]
+    total_us = sum(e.device_time for e in kernels) if kernels else 0.0
+    return {
+        "kernels_per_step": len(kernels) / steps,
+        "kernel_time_per_step_ms": total_us / steps / 1e3,
+        "top_kernels": [{"name": n[:120], "per_step": c / steps} for n, c in top],
+    }
+
+
+def hf_generate(hf: Any, vocab: int, bs: int, prompt_len: int, new: int, dev: torch.device) -> dict[str, Any]:
+    """Decode tokens/s of ``generate`` (greedy, cache on): two runs differing only in the
+    number of new tokens, so the prefill cancels out."""
+    ids = torch.tensor([_prompt(prompt_len, vocab, 100 + b) for b in range(bs)], device=dev)
+    mask = torch.ones_like(ids)
+
+    def run(n: int) -> float:
+        _sync(dev)
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
+                        do_sample=False, use_cache=True)  # fmt: skip
+        _sync(dev)
+        return time.perf_counter() - t0
+
+    run(2)  # warm-up
+    t_short, t_long = run(1), run(new + 1)
+    per_token = (t_long - t_short) / new
+    return {"bs": bs, "prompt_len": prompt_len, "new_tokens": new, "seconds_1": t_short,
+            f"seconds_{new + 1}": t_long, "decode_step_ms": per_token * 1e3,
+            "decode_tokens_per_s": bs / per_token}  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--tag", default="h200")
+    ap.add_argument("--dir", default="/dev/shm/hybridmeta-nano9b", help="checkpoint folder")
+    ap.add_argument("--kernels", default="triton", choices=("triton", "torch"))
+    ap.add_argument("--prefill-len", type=int, default=2048)
+    ap.add_argument("--new-tokens", type=int, default=24)
+    ap.add_argument("--hf-new-tokens", type=int, default=8)
+    ap.add_argument("--no-hf", action="store_true", help="skip transformers' generate")
+    ap.add_argument("--small", action="store_true", help="tiny model on the CPU (script check)")
+    args = ap.parse_args()
+    dev = torch.device("cpu" if args.small else "cuda")
+    cfg = tiny_config() if args.small else nano_config()
+    prefill_len = 48 if args.small else args.prefill_len
+    rows = 4 if args.small else 16
+    t_start = time.perf_counter()
+    res: dict[str, Any] = {
+        "benchmark": "real_scale_decode",
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu (smoke run)",
+        "versions": {"hybridmeta": hybridmeta.__version__, "torch": torch.__version__,
+                     "cuda": torch.version.cuda, "python": sys.version.split()[0]},
+        "config": cfg.to_hf_dict(),
+        "decode_kernels": args.kernels,
+    }  # fmt: skip
+    try:
+        import transformers
+        import triton
+
+        res["versions"] |= {"transformers": transformers.__version__, "triton": triton.__version__}
+    except ImportError:
+        pass
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:
+        res["seconds"] = time.perf_counter() - t_start
+        (out / f"real_scale_{args.tag}.json").write_text(json.dumps(res, indent=1))
+
+    res["copy_ceiling"] = copy_ceiling(dev)
+    print("copy ceiling", res["copy_ceiling"], flush=True)
+    path = Path(args.dir)
+    hf, res["build"] = build_and_save(cfg, path, dev)
+    print("built and saved", res["build"], flush=True)
+    t0 = time.perf_counter()
+    model = load_nemotron_h(path, device=dev, dtype=torch.bfloat16)
+    _sync(dev)
+    res["build"]["load_s"] = time.perf_counter() - t0
+    wb = weight_bytes(model)
+    res["weights"] = {"bytes": wb, "params": sum(p.numel() for p in model.parameters()),
+                      "read_floor_ms": wb / res["copy_ceiling"]["tbps"] / 1e9}  # fmt: skip
+    print("loaded", res["build"], res["weights"], flush=True)
+    save()
+
+    t0 = time.perf_counter()
+    rt = Runtime(model, RuntimeOptions(
+        num_working=rows, num_track=rows, max_len=prefill_len + args.new_tokens + 8,
+        track_interval=cfg.chunk_size, max_prefill_tokens=max(prefill_len, rows * 128),
+        use_graphs=True, max_decode_bs=rows, use_prefix_cache=False, sync_timing=True,
+        decode_kernels=args.kernels,
+    ))  # fmt: skip
+    _sync(dev)
+    res["runtime_init_s"] = time.perf_counter() - t0  # includes capturing every bucket
+    floor = res["weights"]["read_floor_ms"]
+    # One request of the measured prompt length first: the prefill kernels compile here.
+    t0 = time.perf_counter()
+    run_requests(rt, [_prompt(prefill_len, cfg.vocab_size, 1)], 2)
+    res["warmup_request_s"] = time.perf_counter() - t0
+    steps: dict[str, Any] = {}
+    for bs in (1, rows):
+        plen = prefill_len if bs == 1 else min(128, prefill_len)
+        r = run_requests(rt, [_prompt(plen, cfg.vocab_size, 10 + b) for b in range(bs)],
+                         args.new_tokens)  # fmt: skip
+        r |= replay_ms(rt, bs, 20)
+        assert rt.graphs is not None
+        r["graph_profile"] = profile_step(make_replay(rt, bs), dev, 3)
+        if "decode_step_wall_ms" in r:
+            r["wall_over_floor"] = r["decode_step_wall_ms"] / floor
+        r["replay_over_floor"] = r["replay_ms"] / floor
+        steps[f"bs{bs}"] = r
+        print(f"bs {bs}", {k: v for k, v in r.items() if k != "graph_profile"},
+              {k: v for k, v in r["graph_profile"].items() if k != "top_kernels"}, flush=True)
+        save()
+    res["runtime"] = steps
+
+    # Kernels of one eager decode step (no graph): what the graph replays, counted directly.
+    from hybridmeta.model import prepare_decode
+    from hybridmeta.runtime.decode_graphs import decode_step
+
+    slots = torch.arange(1, rows + 1, dtype=torch.int64, device=dev)
+    fwd = decode_metadata(slots, torch.full_like(slots, -1), torch.zeros_like(slots, dtype=torch.bool))
+    md = prepare_decode(fwd)
+    ins = {"input_ids": torch.full((rows,), 5, dtype=torch.int64, device=dev),
+           "positions": torch.full((rows,), 3, dtype=torch.int64, device=dev)}  # fmt: skip
+    pool = rt.pool
+    res["eager_step_profile"] = profile_step(
+        lambda: decode_step(model, pool, md, ins, kernels=args.kernels), dev, 2
+    )
+    print("eager step", {k: v for k, v in res["eager_step_profile"].items() if k != "top_kernels"},
+          flush=True)  # fmt: skip
+    save()
+    del rt
+    gc.collect()
+
+    if not args.no_hf:
+        hf_res = []
+        for bs in (1, rows):
+            try:
+                hf_res.append(hf_generate(hf, cfg.vocab_size, bs, 128 if not args.small else 16,
+                                          args.hf_new_tokens, dev))  # fmt: skip
+            except Exception as e:  # the comparison is optional: keep the rest
+                hf_res.append({"bs": bs, "error": repr(e)[:500]})
+            print("transformers generate", hf_res[-1], flush=True)
+            save()
+        res["transformers_generate"] = hf_res
+        for r in hf_res:
+            ours = steps.get(f"bs{r['bs']}", {}).get("decode_tokens_per_s")
+            if "decode_tokens_per_s" in r and ours:
+                r["ours_over_transformers"] = ours / r["decode_tokens_per_s"]
+    save()
+    shutil.rmtree(path, ignore_errors=True)
+    print(f"wrote {out / f'real_scale_{args.tag}.json'} in {time.perf_counter() - t_start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
