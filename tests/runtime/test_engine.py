@@ -14,8 +14,9 @@ from hybridmeta.runtime.model import NemotronH
 
 # fp32, every position. A cache hit and a cold recompute reach a token through different
 # fp32 paths (chunked scan from a saved state vs one pass), |dlogp| ~1e-6 (KL ~1e-12); a
-# stale or misplaced state gives KL ~1 (sglang's report: 1.55). 1e-6 sits between, far
-# from both, so neither the CPU's vector width nor its threads can move a result across it.
+# stale or misplaced state gives KL ~1 (the stale-tail defect of sglang PR #32555: 1.55).
+# 1e-6 sits between, far from both, so neither the CPU's vector width nor its threads can
+# move a result across it.
 KL_FP32 = 1e-6
 
 

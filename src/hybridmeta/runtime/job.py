@@ -58,10 +58,10 @@ class Tolerances:
 
     fp32: every position must agree to rounding (max KL). Two fp32 paths to the same token
     differ by |dlogp| ~1e-6 (KL ~1e-12, on any CPU); a stale or misplaced state gives KL ~1
-    (sglang's report: 1.55): 1e-6 (1e-5 against transformers, whose scan differs more)
-    separates the two by orders of magnitude. bf16: the mean KL over positions (the figure
-    engines report for cache hits), after the tiny model's peaky logits amplify bf16
-    rounding (2**-8 relative per op).
+    (the stale-tail defect of sglang PR #32555: 1.55). 1e-6 (1e-5 against transformers,
+    whose scan differs more) separates the two by orders of magnitude. bf16: the mean KL
+    over positions (the figure engines report for cache hits), after the tiny model's peaky
+    logits amplify bf16 rounding (2**-8 relative per op).
     """
 
     graph_vs_eager: float
