@@ -99,7 +99,16 @@ def test_track_interval_not_a_multiple_of_the_chunk_size(tmp_root: Path) -> None
     model's chunk size is 8."""
     line = _refused(["--device", "cpu", "--track-interval", "12"], tmp_root)
     assert "argument --track-interval: must be a multiple of the model's SSM chunk size" in line
-    assert "('chunk_size' 8 in " in line and "config.json)" in line and "got 12" in line
+    assert line.endswith("('chunk_size' 8 in the embedded tiny model), got 12")
+
+
+def test_track_interval_against_a_model_dirs_chunk_size(
+    tiny_dir: Path, tmp_path: Path, tmp_root: Path
+) -> None:
+    d = tmp_path / "ckpt"
+    shutil.copytree(tiny_dir, d)
+    line = _refused(["--model", str(d), "--track-interval", "20"], tmp_root, watched=d)
+    assert line.endswith(f"('chunk_size' 8 in {d / 'config.json'}), got 20")
 
 
 def test_cuda_without_cuda(tmp_root: Path) -> None:

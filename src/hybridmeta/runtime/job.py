@@ -443,11 +443,11 @@ def _main(args: argparse.Namespace, stream: TextIO, errs: TextIO) -> int:
         chunk = read_config(model_dir).chunk_size
         interval = args.track_interval if args.track_interval is not None else 2 * chunk
         if interval % chunk:
+            where = "the embedded tiny model" if args.model is None else model_dir / "config.json"
             _say(
                 errs,
                 f"hybridmeta: error: argument --track-interval: must be a multiple of the "
-                f"model's SSM chunk size ('chunk_size' {chunk} in {model_dir / 'config.json'}), "
-                f"got {interval}",
+                f"model's SSM chunk size ('chunk_size' {chunk} in {where}), got {interval}",
             )
             return 2
         if log is not None:
