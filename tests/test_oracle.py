@@ -1,4 +1,9 @@
-"""The oracle itself, checked against hand-computed cases."""
+"""The oracle itself, checked against hand-computed cases.
+
+The hand computations are the same fp32 formulas evaluated once more: they differ from the
+oracle by an ulp or two at most, inside assert_close's default fp32 tolerance
+(1.3e-6 relative, 1e-5 absolute).
+"""
 
 from __future__ import annotations
 

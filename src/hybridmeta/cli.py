@@ -1,7 +1,9 @@
 """The ``hybridmeta`` command.
 
-``hybridmeta`` (no arguments) runs the main job: the reference runtime's end-to-end check
-(``hybridmeta run --help``). ``hybridmeta demo`` is a short tour of the metadata layer.
+``hybridmeta [run] [options]`` runs the main job: the reference runtime's end-to-end check
+(the default mode; ``hybridmeta run --help``). ``hybridmeta demo`` is a short tour of the
+metadata layer. ``hybridmeta --help`` lists every mode. A mode is one entry of
+:data:`MODES`: a one-line summary and a ``main(argv) -> exit status``.
 """
 
 from __future__ import annotations
@@ -9,8 +11,9 @@ from __future__ import annotations
 import argparse
 import inspect
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+import attrs
 import torch
 
 from hybridmeta import (
@@ -79,22 +82,69 @@ def _demo() -> int:
     return 0
 
 
+def _demo_main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="hybridmeta demo", description=MODES["demo"].summary)
+    parser.parse_args(list(argv))
+    return _demo()
+
+
+def _run_main(argv: Sequence[str]) -> int:
+    # No fallback: a runtime that fails to import is a broken install and must say so.
+    from hybridmeta.runtime.job import main_job
+
+    return main_job(list(argv))
+
+
+@attrs.frozen
+class Mode:
+    """One mode of the ``hybridmeta`` command."""
+
+    summary: str
+    main: Callable[[Sequence[str]], int]
+
+
+#: The command's modes, in the order ``--help`` lists them; the first is the default.
+MODES: dict[str, Mode] = {
+    "run": Mode(
+        "the main job: a mixed workload through the reference runtime, checked end to end "
+        "(default)",
+        _run_main,
+    ),
+    "demo": Mode("a short tour of the metadata layer", _demo_main),
+}
+DEFAULT_MODE = "run"
+
+
+def _usage() -> str:
+    width = max(len(name) for name in MODES)
+    lines = [
+        "usage: hybridmeta [MODE] [options]",
+        "",
+        "modes:",
+        *(f"  {name:<{width}}  {mode.summary}" for name, mode in MODES.items()),
+        "",
+        "'hybridmeta MODE --help' shows the options of one mode. Without a mode, the "
+        f"options go to '{DEFAULT_MODE}'.",
+    ]
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``hybridmeta`` command."""
+    """Entry point of the ``hybridmeta`` command; returns the exit status."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if args and args[0] == "demo":
-        parser = argparse.ArgumentParser(
-            prog="hybridmeta demo", description="Tour of the metadata layer."
+    if args and args[0] in ("-h", "--help"):
+        print(_usage() + "\n", flush=True)
+        return MODES[DEFAULT_MODE].main(["--help"])
+    if args and args[0] in MODES:
+        return MODES[args[0]].main(args[1:])
+    if args and not args[0].startswith("-"):
+        print(
+            f"hybridmeta: error: unknown mode {args[0]!r} (modes: {', '.join(MODES)}; "
+            "see hybridmeta --help)",
+            file=sys.stderr,
         )
-        parser.parse_args(args[1:])
-        return _demo()
-    if args and args[0] == "run":
-        args = args[1:]
-    try:
-        from hybridmeta.runtime import main_job
-    except ImportError:  # the runtime is optional in a minimal install
-        return _demo()
-    return main_job(args)
+        return 2
+    return MODES[DEFAULT_MODE].main(args)
 
 
 if __name__ == "__main__":

@@ -67,6 +67,8 @@ def test_replay_matches_eager_reference_across_buckets(device: torch.device) -> 
         pool, y_ref = model.oracle(before, inputs, slots, track, mask)
         out = runner.run(_fwd(device, slots, track, mask), {"x": inputs["x"].to(device)})
         assert out["y"].shape == (len(slots), H)
+        # y sums D = 4 products per head; the batched step and the row-at-a-time oracle may
+        # order the sum differently: <= 3 * 2**-24 * sum|terms| ~ 1e-6 here, inside 1e-5
         torch.testing.assert_close(out["y"].cpu(), y_ref, rtol=1e-5, atol=1e-5)
         assert torch.equal(model.state[:SLOTS].cpu(), pool)
 

@@ -243,3 +243,147 @@ def test_ssm_tile_shapes_match_reference(
     )  # fmt: skip
     assert_close(out, ref_out, "out")
     assert_close(state, ref_state, "state")
+
+
+# --------------------------------------------------------------------------- int64 indexing
+# A kernel addresses slot `s` of a pool at element `s * slot_stride + offset_in_slot`. With a
+# Nano-9B-v2 SSM state (128 x 80 x 128 = 1,310,720 elements per slot) that passes 2**31 at
+# slot 1639: from there int32 arithmetic wraps (1639 * 1,310,720 = 2,148,270,080 becomes
+# -2,146,697,216) and the kernel reads and writes about 8 GiB *before* the pool. The launch
+# then either faults (illegal address) or touches other memory, while slot 1639 keeps its
+# old state and the row's output is garbage: the checks below fail either way. The index
+# tensors are int32 on purpose: a slot loaded as int64 would widen the product by itself
+# and hide a kernel that forgot to.
+INT32_LIMIT = 2**31
+
+
+def _first_slot_past_int32(per_slot: int) -> int:
+    """The first slot whose first element lies at or beyond element 2**31."""
+    return -(-INT32_LIMIT // per_slot)
+
+
+def _raw(t: torch.Tensor) -> torch.Tensor:
+    """The pool's bits as integers, without a copy (pools are contiguous)."""
+    return t.view({4: torch.int32, 2: torch.int16}[t.element_size()])
+
+
+def _compact(slots: list[int], *index_lists: list[int]) -> tuple[list[int], ...]:
+    """Remap slot ids to positions in ``slots`` (``-1`` stays ``-1``)."""
+    pos = {s: i for i, s in enumerate(slots)}
+    return tuple([pos[s] if s >= 0 else -1 for s in idx] for idx in index_lists)
+
+
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
+def test_ssm_update_reaches_slots_past_int32_offsets(state_dtype: torch.dtype) -> None:
+    per_slot = H * P * N
+    high = _first_slot_past_int32(per_slot)  # 1639
+    assert high * per_slot >= INT32_LIMIT > (high - 1) * per_slot
+    slots = high + 2  # 8.6 GB in fp32, 4.3 GB in bf16
+    state = torch.randn(slots, H, P, N, device=CUDA, dtype=state_dtype)
+    state0 = state.clone()
+    # row 0 reads and writes past 2**31; row 1 tracks into a slot past it; row 2 is a pad
+    # row (its set mask must write nothing); row 3's slot starts below 2**31 and ends past it
+    src_l, trk_l = [high, 5, -1, high - 1], [-1, high + 1, 0, 2]
+    src = torch.tensor(src_l, dtype=torch.int32, device=CUDA)
+    trk = torch.tensor(trk_l, dtype=torch.int32, device=CUDA)
+    mask = torch.tensor([False, True, True, True], device=CUDA)
+    a = _ssm_inputs(4, 11)
+    out = torch.full_like(a["x"], float("nan"))
+    ssm_state_update(
+        state, a["x"], a["dt"], a["A"], a["B"], a["C"], state_indices=src, D=a["D"], z=a["z"],
+        dt_bias=a["dt_bias"], dt_softplus=True, track_indices=trk, track_mask=mask, out=out,
+    )  # fmt: skip
+    torch.cuda.synchronize()
+
+    # the reference on a compact pool of the slots involved
+    used = sorted({s for s in src_l + trk_l if s >= 0})
+    c_src, c_trk = _compact(used, src_l, trk_l)
+    used_t = torch.tensor(used, device=CUDA)
+    ref_small, ref_out = ssm_state_update_ref(
+        state0[used_t], a["x"], a["dt"], a["A"], a["B"], a["C"],
+        torch.tensor(c_src, dtype=torch.int32, device=CUDA), D=a["D"], z=a["z"],
+        dt_bias=a["dt_bias"], dt_softplus=True,
+        track_indices=torch.tensor(c_trk, dtype=torch.int32, device=CUDA), track_mask=mask,
+    )  # fmt: skip
+    assert_close(out, ref_out, "out")
+    written = [high, 5, high + 1, high - 1, 2]
+    for s in written:
+        assert_close(state[s], ref_small[used.index(s)], f"slot {s}")
+    # every other slot bit-identical (slot 0, the pad row's track slot, among them)
+    state[used_t] = state0[used_t]
+    assert torch.equal(_raw(state), _raw(state0))
+
+
+def test_conv_update_reaches_slots_past_int32_offsets() -> None:
+    per_slot = CONV_DIM * (K - 1)  # 36,864 elements
+    high = _first_slot_past_int32(per_slot)  # 58,255
+    slots = high + 1  # 4.3 GB of bf16
+    cs = torch.randn(slots, CONV_DIM, K - 1, device=CUDA, dtype=torch.bfloat16)
+    cs0 = cs.clone()
+    src_l = [high, 7, -1, high - 1]
+    x = torch.randn(4, CONV_DIM, device=CUDA).to(torch.bfloat16)
+    w = (torch.randn(CONV_DIM, K, device=CUDA) * 0.5).to(torch.bfloat16)
+    b = torch.randn(CONV_DIM, device=CUDA).to(torch.bfloat16)
+    out = torch.full_like(x, float("nan"))
+    src = torch.tensor(src_l, dtype=torch.int32, device=CUDA)
+    causal_conv1d_update(x, cs, w, b, cache_indices=src, out=out)
+    torch.cuda.synchronize()
+
+    used = sorted(s for s in src_l if s >= 0)
+    (c_src,) = _compact(used, src_l)
+    used_t = torch.tensor(used, device=CUDA)
+    ref_small, ref_out = causal_conv1d_update_ref(
+        x, cs0[used_t], w, b, torch.tensor(c_src, dtype=torch.int32, device=CUDA), silu=True
+    )
+    assert_close(out, ref_out, "conv out")
+    assert torch.equal(_raw(cs[used_t]), _raw(ref_small))  # a shifted copy: bit-exact
+    cs[used_t] = cs0[used_t]
+    assert torch.equal(_raw(cs), _raw(cs0))
+
+
+@pytest.mark.parametrize("big", ["ssm", "conv"])
+def test_track_save_reaches_slots_past_int32_offsets(big: str) -> None:
+    """Two layers: the second layer's rows start half way, so the layer offset plus the
+    slot offset passes 2**31 (the kernel must widen both). The pool named ``big`` has the
+    real per-slot size; the other is tiny (both share the slot count)."""
+    layers = 2
+    conv_shape, ssm_shape = ((CONV_DIM, K - 1), (1, 1, 8)) if big == "conv" else ((8, 3), (H, P, N))
+    per_slot = CONV_DIM * (K - 1) if big == "conv" else H * P * N
+    # element of (layer 1, slot s) = (slots + s) * per_slot: past 2**31 for s >= high - slots
+    high = _first_slot_past_int32(per_slot)
+    slots = high // 2 + 3
+    s_hi = high - slots  # the first slot of layer 1 past 2**31
+    assert (slots + s_hi) * per_slot >= INT32_LIMIT > (slots + s_hi - 1) * per_slot
+    assert s_hi + 2 < slots
+    conv_pool = torch.randn(layers, slots, *conv_shape, device=CUDA).to(torch.bfloat16)
+    ssm_pool = torch.randn(layers, slots, *ssm_shape, device=CUDA)
+    conv0, ssm0 = conv_pool.clone(), ssm_pool.clone()
+    # row 0 copies a slot past 2**31 down to slot 3; row 1 copies slot 5 up past it
+    src_l, trk_l = [s_hi + 1, 5, -1], [3, s_hi + 2, 1]
+    mask = torch.tensor([True, True, True], device=CUDA)
+    track_save(
+        conv_pool,
+        ssm_pool,
+        src_indices=torch.tensor(src_l, dtype=torch.int32, device=CUDA),
+        track_indices=torch.tensor(trk_l, dtype=torch.int32, device=CUDA),
+        track_mask=mask,
+    )
+    torch.cuda.synchronize()
+
+    used = sorted({s for s in src_l + trk_l if s >= 0})
+    c_src, c_trk = _compact(used, src_l, trk_l)
+    used_t = torch.tensor(used, device=CUDA)
+    ref_conv, ref_ssm = track_save_ref(
+        conv0[:, used_t],
+        ssm0[:, used_t],
+        torch.tensor(c_src, dtype=torch.int32, device=CUDA),
+        torch.tensor(c_trk, dtype=torch.int32, device=CUDA),
+        mask,
+    )
+    assert torch.equal(_raw(conv_pool[:, used_t]), _raw(ref_conv))
+    assert torch.equal(_raw(ssm_pool[:, used_t]), _raw(ref_ssm))
+    assert torch.equal(_raw(ssm_pool[:, 3]), _raw(ssm0[:, s_hi + 1]))  # the copy happened
+    conv_pool[:, used_t] = conv0[:, used_t]
+    ssm_pool[:, used_t] = ssm0[:, used_t]
+    assert torch.equal(_raw(conv_pool), _raw(conv0))
+    assert torch.equal(_raw(ssm_pool), _raw(ssm0))

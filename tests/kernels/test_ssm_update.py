@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tests.kernels._support import ssm_state_update_ref
 
 from hybridmeta.kernels import ssm_state_update
 from hybridmeta.kernels import ssm_update as su
 from hybridmeta.kernels._config import SsmLaunchConfig
 from hybridmeta.kernels.ssm_update import launch_ssm_update
-from tests.kernels._support import DEVICE, assert_close, assert_slots_bitwise, bits, nan_empty
+from tests.kernels._support import (
+    DEVICE,
+    assert_close,
+    assert_slots_bitwise,
+    bits,
+    nan_empty,
+    ssm_state_update_ref,
+)
 
 H, P, N, G = 2, 4, 8, 1
 # Kernel tests that run on the CPU interpreter and, on a CUDA machine, in the GPU suite.

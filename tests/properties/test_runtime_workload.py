@@ -22,6 +22,8 @@ from hybridmeta.runtime.model import NemotronH
 from hybridmeta.runtime.tiny import write_tiny_checkpoint
 from tests.properties.strategies.runtime import runtime_options, token_lists
 
+# Rounding between two fp32 paths gives KL ~1e-12, a wrong state KL ~1: 1e-6 separates
+# them with orders of magnitude to spare on any CPU (see tests/runtime/test_engine.py).
 KL_FP32 = 1e-6
 _MODEL: list[NemotronH] = []
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from hybridmeta.runtime.config import ConfigError, NemotronHConfig, read_config
+from hybridmeta.runtime.config import ConfigError, NemotronHConfig, as_float, read_config
 from hybridmeta.runtime.tiny import tiny_config
 
 
@@ -60,7 +61,51 @@ def test_derived_sizes() -> None:
         ({"mamba_hidden_act": "relu"}, r"'mamba_hidden_act' must be 'silu'"),
         ({"attention_bias": True}, r"'attention_bias' must be false"),
         ({"model_type": "llama"}, r"model_type must be 'nemotron_h'"),
-        ({"vocab_size": 0}, r"'vocab_size' must be a positive int"),
+        ({"vocab_size": 0}, r"'vocab_size' must be a positive int, got 0"),
+        ({"vocab_size": -3}, r"'vocab_size' must be a positive int, got -3"),
+        ({"vocab_size": 2**31}, r"'vocab_size' must be a positive int <= 2\*\*31 - 1"),
+        ({"vocab_size": 96.0}, r"'vocab_size' must be a positive int, got 96\.0"),
+        ({"hidden_size": True}, r"'hidden_size' must be a positive int, got True"),
+        ({"head_dim": "eight"}, r"'head_dim' must be a positive int, got 'eight'"),
+        ({"head_dim": 0}, r"'head_dim' must be a positive int, got 0"),
+        ({"num_attention_heads": 0}, r"'num_attention_heads' must be a positive int, got 0"),
+        ({"num_key_value_heads": "2"}, r"'num_key_value_heads' must be a positive int, got '2'"),
+        ({"intermediate_size": None}, r"required key 'intermediate_size' is missing"),
+        ({"mamba_num_heads": 0}, r"'mamba_num_heads' must be a positive int, got 0"),
+        ({"mamba_head_dim": [8]}, r"'mamba_head_dim' must be a positive int, got \[8\]"),
+        ({"ssm_state_size": 0}, r"'ssm_state_size' must be a positive int, got 0"),
+        ({"n_groups": 0}, r"'n_groups' must be a positive int, got 0"),
+        ({"chunk_size": 0}, r"'chunk_size' must be a positive int, got 0"),
+        ({"conv_kernel": 1}, r"'conv_kernel' must be an int >= 2, got 1"),
+        ({"num_hidden_layers": "8"}, r"'num_hidden_layers' must be a positive int, got '8'"),
+        (
+            {"layer_norm_epsilon": "tiny"},
+            r"'layer_norm_epsilon' must be a finite number > 0, got 'tiny'",
+        ),
+        ({"layer_norm_epsilon": 0}, r"'layer_norm_epsilon' must be a finite number > 0, got 0"),
+        ({"layer_norm_epsilon": -1e-5}, r"'layer_norm_epsilon' must be a finite number > 0"),
+        (
+            {"layer_norm_epsilon": math.inf},
+            r"'layer_norm_epsilon' must be a finite number > 0, got inf",
+        ),
+        (
+            {"layer_norm_epsilon": math.nan},
+            r"'layer_norm_epsilon' must be a finite number > 0, got nan",
+        ),
+        ({"time_step_min": "small"}, r"'time_step_min' must be a finite number >= 0, got 'small'"),
+        ({"time_step_min": -0.1}, r"'time_step_min' must be a finite number >= 0, got -0\.1"),
+        ({"time_step_limit": [0.0]}, r"'time_step_limit' must be \[min, inf\] \(two numbers\)"),
+        (
+            {"time_step_limit": [0.0, "big"]},
+            r"'time_step_limit' must be \[min, inf\] \(two numbers\)",
+        ),
+        ({"time_step_limit": 5}, r"'time_step_limit' must be \[min, inf\] \(two numbers\)"),
+        (
+            {"time_step_limit": [-1.0, math.inf]},
+            r"'time_step_limit' must be \[min, inf\] with a finite min >= 0",
+        ),
+        ({"time_step_limit": [0.0, {"__float__": "NaN"}]}, r"an upper limit is unsupported"),
+        ({"time_step_limit": [0.0, "-inf"]}, r"an upper limit is unsupported"),
         ({"num_key_value_heads": 3}, r"multiple of 'num_key_value_heads'"),
         ({"n_groups": 3}, r"'mamba_num_heads' must be a multiple of 'n_groups'"),
         ({"num_hidden_layers": 3}, r"'num_hidden_layers' is 3 but the layer pattern has 8"),
@@ -86,3 +131,80 @@ def test_read_config_names_the_file(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(_raw(hybrid_override_pattern="ME")))
     with pytest.raises(ConfigError, match=r"config\.json: .*MoE"):
         read_config(tmp_path)
+
+
+INF_SPELLINGS = [
+    pytest.param({"__float__": "Infinity"}, id="transformers-5-float-tag"),
+    pytest.param(math.inf, id="python-float"),
+    pytest.param("Infinity", id="string-Infinity"),
+    pytest.param("inf", id="string-inf"),
+    pytest.param("+INF", id="string-+INF"),
+]
+
+
+@pytest.mark.parametrize("upper", INF_SPELLINGS)
+def test_every_infinity_spelling_of_time_step_limit_is_read(upper: object) -> None:
+    cfg = NemotronHConfig.from_dict(_raw(time_step_limit=[0.0, upper]))
+    assert cfg == tiny_config()
+
+
+def test_as_float_reads_numbers_and_infinity_spellings_only() -> None:
+    assert as_float(3) == 3.0
+    assert as_float(2.5) == 2.5
+    assert as_float({"__float__": "-Infinity"}) == -math.inf
+    nan = as_float({"__float__": "NaN"})
+    assert nan is not None and math.isnan(nan)
+    for not_a_number in (True, None, "tiny", "1e-5", {"__float__": "Huge"}, [1.0], {"x": 1}):
+        assert as_float(not_a_number) is None, not_a_number
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # what transformers 5.x save_pretrained writes
+        '"time_step_limit": [0.0, {"__float__": "Infinity"}]',
+        # what NVIDIA's published Nemotron-H configs carry (Python json's bare token)
+        '"time_step_limit": [0.0, Infinity]',
+        '"time_step_limit": [\n    0.0,\n    Infinity\n  ]',
+    ],
+)
+def test_read_config_accepts_the_published_infinity_encodings(tmp_path: Path, text: str) -> None:
+    raw = _raw()
+    raw["time_step_limit"] = "PLACEHOLDER"
+    body = json.dumps(raw, indent=2).replace('"time_step_limit": "PLACEHOLDER"', text)
+    assert text in body
+    (tmp_path / "config.json").write_text(body)
+    assert read_config(tmp_path) == tiny_config()
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"", r"config\.json: the file is empty \(expected a JSON object\)"),
+        (b"  \n", r"config\.json: the file is empty"),
+        (
+            b'{"vocab_size": 96,',
+            r"config\.json: not valid JSON \(Expecting .* at line 1, column \d+\)",
+        ),
+        (b"\xff\xfe garbage", r"config\.json: not UTF-8 text \(byte 0\)"),
+        (b"[1, 2]", r"config\.json: must hold a JSON object, got list"),
+        (b'{"head_dim": "eight"}', r"config\.json: one of 'hybrid_override_pattern'"),
+    ],
+)
+def test_read_config_names_the_file_for_unreadable_content(
+    tmp_path: Path, content: bytes, message: str
+) -> None:
+    (tmp_path / "config.json").write_bytes(content)
+    with pytest.raises(ConfigError, match=message) as info:
+        read_config(tmp_path)
+    assert str(info.value).startswith(str(tmp_path / "config.json") + ": ")
+    assert "\n" not in str(info.value)
+
+
+def test_read_config_prefixes_the_path_once(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(_raw(head_dim="eight")))
+    with pytest.raises(ConfigError) as info:
+        read_config(tmp_path)
+    assert str(info.value) == (
+        f"{tmp_path / 'config.json'}: 'head_dim' must be a positive int, got 'eight'"
+    )

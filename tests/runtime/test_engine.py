@@ -13,6 +13,11 @@ from hybridmeta.runtime.engine import Finished, Runtime, RuntimeOptions, cold_lo
 from hybridmeta.runtime.job import kl_per_position
 from hybridmeta.runtime.model import NemotronH
 
+# fp32, every position. A cache hit and a cold recompute reach a token through different
+# fp32 paths (chunked scan from a saved state vs one pass), |dlogp| ~1e-6 (KL ~1e-12); a
+# stale or misplaced state gives KL ~1 (the stale-tail defect of sglang PR #32555: 1.55).
+# 1e-6 sits between, far from both, so neither the CPU's vector width nor its threads can
+# move a result across it.
 KL_FP32 = 1e-6
 
 
@@ -79,6 +84,9 @@ def test_triton_decode_kernels_in_graphs_equal_cold(tiny_model: NemotronH) -> No
         assert float(_cold_kl(tiny_model, f).max()) <= KL_FP32
 
 
+GRAPH_ATOL = 5e-5
+
+
 def test_graph_replay_equals_eager(tiny_model: NemotronH) -> None:
     prompts = [(_tokens(n, seed=n), 9) for n in (5, 17, 23)]
     graph = _run(Runtime(tiny_model, _opts(num_working=4)), prompts)
@@ -88,9 +96,14 @@ def test_graph_replay_equals_eager(tiny_model: NemotronH) -> None:
     for g, e in zip(graph, eager, strict=True):
         assert g.output == e.output
         # the graph runs the padded bucket (4 rows for 3), eager the exact batch: GEMMs of
-        # different row counts round differently in the last bits, nothing more
-        torch.testing.assert_close(g.logprobs, e.logprobs, atol=5e-5, rtol=0)
-        assert float(kl_per_position(g.logprobs, e.logprobs).max()) <= 1e-9
+        # different row counts may sum in another order (BLAS blocking depends on the CPU's
+        # vector width and threads), which moves a result by a few ulps. |logp| <= ~14 here,
+        # where one fp32 ulp is ~1e-6: 5e-5 allows ~50 ulps accumulated over 8 layers and the
+        # recurrent state of up to 32 steps. (Measured on the 2-core CI machine: 0.)
+        torch.testing.assert_close(g.logprobs, e.logprobs, atol=GRAPH_ATOL, rtol=0)
+        # |dlogp| <= a gives KL ~ Var_p(dlogp) / 2 <= a**2 / 2 (Popoviciu); a**2 covers the
+        # higher-order terms
+        assert float(kl_per_position(g.logprobs, e.logprobs).max()) <= GRAPH_ATOL**2
 
 
 def test_queueing_when_out_of_slots_keeps_live_state(tiny_model: NemotronH) -> None:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import shutil
+import weakref
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from hybridmeta.runtime.config import ConfigError
@@ -111,3 +114,200 @@ def test_missing_directory_and_weights(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(tiny_config().to_hf_dict()))
     with pytest.raises(CheckpointError, match=r"no \*\.safetensors files"):
         load_nemotron_h(tmp_path)
+
+
+def _rewrite(d: Path, name: str, value: torch.Tensor) -> None:
+    sd = load_file(str(d / "model.safetensors"))
+    sd[name] = value
+    save_file(sd, str(d / "model.safetensors"))
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        pytest.param(
+            lambda t: t.to(torch.int32),
+            r"tensor 'backbone\.layers\.0\.mixer\.A_log' has dtype I32; weights must be "
+            r"floating point \(F32, BF16, F16, F64\)",
+            id="int32",
+        ),
+        pytest.param(
+            lambda t: t.bool(),
+            r"tensor 'backbone\.layers\.0\.mixer\.A_log' has dtype BOOL",
+            id="bool",
+        ),
+        pytest.param(
+            lambda t: t.index_fill(0, torch.tensor([1]), float("nan")),
+            r"tensor 'backbone\.layers\.0\.mixer\.A_log' holds NaN or inf values",
+            id="nan",
+        ),
+        pytest.param(
+            lambda t: t.index_fill(0, torch.tensor([0]), float("-inf")),
+            r"tensor 'backbone\.layers\.0\.mixer\.A_log' holds NaN or inf values",
+            id="inf",
+        ),
+    ],
+)
+def test_bad_weights_are_refused_with_the_file_and_tensor_name(
+    tiny_dir: Path, tmp_path: Path, change: Any, message: str
+) -> None:
+    d = _copy(tiny_dir, tmp_path / "ckpt")
+    sd = load_file(str(d / "model.safetensors"))
+    _rewrite(d, "backbone.layers.0.mixer.A_log", change(sd["backbone.layers.0.mixer.A_log"]))
+    with pytest.raises(CheckpointError, match=message) as info:
+        load_nemotron_h(d)
+    assert str(info.value).startswith(str(d / "model.safetensors") + ": ")
+
+
+def test_overflow_in_the_dtype_conversion_is_named(tiny_dir: Path, tmp_path: Path) -> None:
+    d = _copy(tiny_dir, tmp_path / "ckpt")
+    # finite in fp32, past float16's largest value (65504): inf after the conversion
+    _rewrite(d, "backbone.norm_f.weight", torch.full((32,), 1e5))
+    with pytest.raises(
+        CheckpointError,
+        match=r"tensor 'backbone\.norm_f\.weight' overflows to inf when converted to torch\.float16",
+    ):
+        load_nemotron_h(d, dtype=torch.float16)
+    assert load_nemotron_h(d).norm_f.weight.max() == 1e5  # fp32 holds it
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        pytest.param(lambda b: b[: len(b) // 2], r"incomplete metadata", id="truncated-data"),
+        pytest.param(lambda b: b[:20], r"invalid header length", id="truncated-header"),
+        pytest.param(lambda b: b"hello, not a tensor file" * 4, r"header too large", id="garbage"),
+        pytest.param(lambda b: b"", r"header too small", id="empty"),
+    ],
+)
+def test_corrupt_safetensors_are_refused_with_the_file_name(
+    tiny_dir: Path, tmp_path: Path, content: Any, message: str
+) -> None:
+    d = _copy(tiny_dir, tmp_path / "ckpt")
+    f = d / "model.safetensors"
+    f.write_bytes(content(f.read_bytes()))
+    with pytest.raises(CheckpointError, match=message) as info:
+        load_nemotron_h(d)
+    assert str(info.value).startswith(f"{f}: not a valid safetensors file (truncated or corrupt: ")
+
+
+def _sharded(tiny_dir: Path, root: Path) -> Path:
+    """The tiny checkpoint as two shards plus an index."""
+    root.mkdir()
+    sd = load_file(str(tiny_dir / "model.safetensors"))
+    names = sorted(sd)
+    shards = {"a.safetensors": names[::2], "b.safetensors": names[1::2]}
+    for fname, keys in shards.items():
+        save_file({k: sd[k] for k in keys}, str(root / fname))
+    index = {"weight_map": {k: f for f, keys in shards.items() for k in keys}}
+    (root / "model.safetensors.index.json").write_text(json.dumps(index))
+    shutil.copy(tiny_dir / "config.json", root / "config.json")
+    return root
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        pytest.param("", r"the file is empty \(expected a JSON object\)", id="empty"),
+        pytest.param('{"weight_map": {', r"not valid JSON \(Expecting", id="corrupt"),
+        pytest.param("[]", r"'weight_map' must be a non-empty object", id="not-an-object"),
+        pytest.param(
+            '{"weight_map": {}}', r"'weight_map' must be a non-empty object", id="empty-map"
+        ),
+        pytest.param(
+            '{"weight_map": {"lm_head.weight": 3}}',
+            r"'weight_map' must be a non-empty object mapping tensor names to shard file names",
+            id="not-a-file-name",
+        ),
+        pytest.param(
+            '{"weight_map": {"lm_head.weight": "c.safetensors"}}',
+            r"listed shard files are missing: \[.*c\.safetensors'\]",
+            id="missing-shard",
+        ),
+        pytest.param(
+            "SWAP",
+            r"'weight_map' puts \['lm_head\.weight'\] in [ab]\.safetensors, "
+            r"which does not hold them",
+            id="wrong-shard",
+        ),
+    ],
+)
+def test_bad_index_is_refused_with_the_file_name(
+    tiny_dir: Path, tmp_path: Path, content: str, message: str
+) -> None:
+    d = _sharded(tiny_dir, tmp_path / "ckpt")
+    index = d / "model.safetensors.index.json"
+    if content == "SWAP":  # the index puts one tensor in the other shard
+        weight_map = json.loads(index.read_text())["weight_map"]
+        other = {"a.safetensors": "b.safetensors", "b.safetensors": "a.safetensors"}
+        weight_map["lm_head.weight"] = other[weight_map["lm_head.weight"]]
+        content = json.dumps({"weight_map": weight_map})
+    index.write_text(content)
+    with pytest.raises(CheckpointError, match=message) as info:
+        load_nemotron_h(d)
+    assert str(info.value).startswith(f"{index}: ")
+
+
+class _CountingSafeOpen:
+    """Wraps ``safe_open``: how many files are open at once and which tensors it handed
+    out are still alive each time a new one is read."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.open_now = 0
+        self.most_open = 0
+        self.handed_out: list[weakref.ref[torch.Tensor]] = []
+        self.most_alive = 0
+        self.reads = 0
+
+    def __call__(self, path: str, framework: str) -> Any:
+        counter = self
+        handle = self.real(path, framework=framework)
+
+        class Handle:
+            def __enter__(self) -> Any:
+                counter.open_now += 1
+                counter.most_open = max(counter.most_open, counter.open_now)
+                inner = handle.__enter__()
+
+                class Reader:
+                    def keys(self) -> list[str]:
+                        return list(inner.keys())
+
+                    def get_slice(self, name: str) -> Any:
+                        return inner.get_slice(name)
+
+                    def get_tensor(self, name: str) -> torch.Tensor:
+                        alive = sum(r() is not None for r in counter.handed_out)
+                        counter.most_alive = max(counter.most_alive, alive)
+                        t: torch.Tensor = inner.get_tensor(name)
+                        counter.handed_out.append(weakref.ref(t))
+                        counter.reads += 1
+                        return t
+
+                return Reader()
+
+            def __exit__(self, *exc: object) -> None:
+                counter.open_now -= 1
+                handle.__exit__(*exc)
+
+        return Handle()
+
+
+@pytest.mark.parametrize("layout", ["single", "sharded"])
+def test_weights_stream_one_tensor_at_a_time(
+    tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layout: str
+) -> None:
+    """Loading fp32 weights as bf16: every fp32 tensor read from a file must be gone before
+    the next is read (no second copy of the model in host memory), and one file is open
+    at a time. Reading everything first, then converting, keeps them all alive."""
+    d = tiny_dir if layout == "single" else _sharded(tiny_dir, tmp_path / "ckpt")
+    counter = _CountingSafeOpen(safe_open)
+    monkeypatch.setattr("hybridmeta.runtime.loader.safe_open", counter)
+    model = load_nemotron_h(d, dtype=torch.bfloat16)
+    n = len(model.state_dict())
+    assert counter.reads == n > 10
+    assert counter.most_alive == 0
+    assert counter.most_open == 1
+    assert all(r() is None for r in counter.handed_out)  # only the bf16 copies remain
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}

@@ -15,7 +15,15 @@ from typing import Any
 
 import attrs
 
-__all__ = ["LAYER_KINDS", "ConfigError", "NemotronHConfig", "read_config"]
+__all__ = [
+    "LAYER_KINDS",
+    "MAX_SIZE",
+    "ConfigError",
+    "NemotronHConfig",
+    "as_float",
+    "read_config",
+    "read_json",
+]
 
 #: layer pattern letter -> layer kind
 LAYER_KINDS: dict[str, str] = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
@@ -41,8 +49,77 @@ _LEGACY_KEYS: dict[str, str] = {
 }
 
 
+#: Upper bound of every size in ``config.json``: products of sizes index int64 tensors, and
+#: a size past int32 is a corrupt file, not a model.
+MAX_SIZE = 2**31 - 1
+
+#: How ``transformers`` (5.x) writes floats that JSON has no literal for
+#: (``"time_step_limit": [0.0, {"__float__": "Infinity"}]``).
+_FLOAT_TAGS: dict[str, float] = {"Infinity": math.inf, "-Infinity": -math.inf, "NaN": math.nan}
+#: Strings some writers use for infinity where a number belongs.
+_INF_STRINGS: dict[str, float] = {
+    "inf": math.inf,
+    "+inf": math.inf,
+    "infinity": math.inf,
+    "+infinity": math.inf,
+    "-inf": -math.inf,
+    "-infinity": -math.inf,
+}
+
+
 class ConfigError(ValueError):
     """A ``config.json`` the runtime cannot serve; the message names the key and the rule."""
+
+
+def as_float(value: object) -> float | None:
+    """A ``config.json`` number as a float, or ``None`` when it is not a number.
+
+    Accepts JSON numbers, the non-standard ``Infinity`` / ``-Infinity`` / ``NaN`` tokens
+    Python's ``json`` writes (NVIDIA's published configs carry ``[0.0, Infinity]``),
+    ``transformers`` 5.x's ``{"__float__": "Infinity"}`` objects and the strings
+    ``"inf"`` / ``"Infinity"`` (any case, optional sign). Booleans are not numbers.
+    """
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, Mapping) and set(value) == {"__float__"}:
+        tag = value["__float__"]
+        return _FLOAT_TAGS.get(tag) if isinstance(tag, str) else None
+    if isinstance(value, str):
+        return _INF_STRINGS.get(value.strip().lower())
+    return None
+
+
+def _decode_float_tags(obj: dict[str, Any]) -> Any:
+    """``json`` object hook: ``{"__float__": "Infinity"}`` -> ``inf`` (as ``transformers`` reads it)."""
+    if set(obj) == {"__float__"} and isinstance(obj["__float__"], str):
+        tag = obj["__float__"]
+        if tag in _FLOAT_TAGS:
+            return _FLOAT_TAGS[tag]
+    return obj
+
+
+def _check_time_step_limit(limit: object) -> None:
+    """``time_step_limit`` is ``[min, inf]``: dt has no upper clamp (as in ``transformers``)."""
+    if limit is None:
+        return
+    values = (
+        [as_float(v) for v in limit] if isinstance(limit, list | tuple) and len(limit) == 2 else []
+    )
+    if len(values) != 2 or values[0] is None or values[1] is None:
+        raise ConfigError(
+            f"config.json: 'time_step_limit' must be [min, inf] (two numbers), got {limit!r}"
+        )
+    if not math.isfinite(values[0]) or values[0] < 0:
+        raise ConfigError(
+            f"config.json: 'time_step_limit' must be [min, inf] with a finite min >= 0, got {limit!r}"
+        )
+    if values[1] != math.inf:
+        raise ConfigError(
+            f"config.json: 'time_step_limit' must be [min, inf] (an upper limit is unsupported), "
+            f"got {limit!r}"
+        )
 
 
 @attrs.frozen(kw_only=True)
@@ -114,12 +191,27 @@ class NemotronHConfig:
             raise ConfigError(f"config.json: model_type must be 'nemotron_h', got {model_type!r}")
         pattern = _read_pattern(cfg)
 
-        def need_int(key: str, default: int | None = None) -> int:
+        def need_int(key: str, default: int | None = None, minimum: int = 1) -> int:
             value = cfg.get(key, default)
             if value is None:
                 raise ConfigError(f"config.json: required key {key!r} is missing")
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ConfigError(f"config.json: {key!r} must be a positive int, got {value!r}")
+            rule = "a positive int" if minimum == 1 else f"an int >= {minimum}"
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise ConfigError(f"config.json: {key!r} must be {rule}, got {value!r}")
+            if value > MAX_SIZE:
+                raise ConfigError(
+                    f"config.json: {key!r} must be {rule} <= 2**31 - 1, got {value!r}"
+                )
+            return value
+
+        def need_float(key: str, default: float, *, positive: bool) -> float:
+            raw_value = cfg.get(key, default)
+            value = as_float(raw_value)
+            if value is None or not math.isfinite(value) or value < 0 or (positive and value == 0):
+                rule = "> 0" if positive else ">= 0"
+                raise ConfigError(
+                    f"config.json: {key!r} must be a finite number {rule}, got {raw_value!r}"
+                )
             return value
 
         def need_bool(key: str, default: bool) -> bool:
@@ -132,31 +224,27 @@ class NemotronHConfig:
             got = cfg.get(key, want)
             if got != want:
                 raise ConfigError(f"config.json: {key!r} must be {want!r} (unsupported: {got!r})")
-        if cfg.get("attention_bias", False):
+        if cfg.get("attention_bias") not in (None, False):
             raise ConfigError(
-                "config.json: 'attention_bias' must be false (Nemotron-H attention has no bias)"
+                "config.json: 'attention_bias' must be false (Nemotron-H attention has no bias), "
+                f"got {cfg['attention_bias']!r}"
             )
         if cfg.get("sliding_window") is not None:
             raise ConfigError("config.json: 'sliding_window' must be null (unsupported)")
 
         hidden = need_int("hidden_size")
         heads = need_int("num_attention_heads", 1)
-        head_dim = cfg.get("head_dim")
-        if head_dim is None:
+        if cfg.get("head_dim") is None:
+            if hidden % heads:
+                raise ConfigError(
+                    "config.json: 'head_dim' is missing and 'hidden_size' "
+                    f"{hidden} is not a multiple of 'num_attention_heads' {heads}"
+                )
             head_dim = hidden // heads
-        limit = cfg.get("time_step_limit")
-        t_min = cfg.get("time_step_min", 0.001)
-        if not isinstance(t_min, int | float) or t_min < 0:
-            raise ConfigError(f"config.json: 'time_step_min' must be a number >= 0, got {t_min!r}")
-        if limit is not None and (
-            not isinstance(limit, list | tuple)
-            or len(limit) != 2
-            or not math.isinf(float(limit[1]))
-        ):
-            raise ConfigError(
-                f"config.json: 'time_step_limit' must be [min, inf] (an upper limit is unsupported), "
-                f"got {limit!r}"
-            )
+        else:
+            head_dim = need_int("head_dim")
+        t_min = need_float("time_step_min", 0.001, positive=False)
+        _check_time_step_limit(cfg.get("time_step_limit"))
 
         config = cls(
             vocab_size=need_int("vocab_size"),
@@ -164,19 +252,20 @@ class NemotronHConfig:
             pattern=pattern,
             num_attention_heads=heads,
             num_key_value_heads=need_int("num_key_value_heads", heads),
-            head_dim=int(head_dim),
+            head_dim=head_dim,
             intermediate_size=need_int("intermediate_size"),
             mamba_num_heads=need_int("mamba_num_heads"),
             mamba_head_dim=need_int("mamba_head_dim"),
             ssm_state_size=need_int("ssm_state_size"),
             n_groups=need_int("n_groups"),
-            conv_kernel=need_int("conv_kernel"),
+            # a causal conv of width 1 keeps no state between steps: the decode path needs >= 2
+            conv_kernel=need_int("conv_kernel", minimum=2),
             chunk_size=need_int("chunk_size"),
-            layer_norm_epsilon=float(cfg.get("layer_norm_epsilon", 1e-5)),
+            layer_norm_epsilon=need_float("layer_norm_epsilon", 1e-5, positive=True),
             use_conv_bias=need_bool("use_conv_bias", True),
             use_bias=need_bool("use_bias", False),
             mlp_bias=need_bool("mlp_bias", False),
-            time_step_min=float(t_min),
+            time_step_min=t_min,
             tie_word_embeddings=need_bool("tie_word_embeddings", False),
         )
         if config.num_attention_heads % config.num_key_value_heads:
@@ -189,8 +278,6 @@ class NemotronHConfig:
                 "config.json: 'mamba_num_heads' must be a multiple of 'n_groups', "
                 f"got {config.mamba_num_heads} and {config.n_groups}"
             )
-        if config.conv_kernel < 2:
-            raise ConfigError(f"config.json: 'conv_kernel' must be >= 2, got {config.conv_kernel}")
         return config
 
     def to_hf_dict(self) -> dict[str, Any]:
@@ -261,7 +348,10 @@ def _read_pattern(cfg: Mapping[str, Any]) -> str:
             f"- (MLP) layers (MoE 'E' layers are not supported)"
         )
     num = cfg.get("num_hidden_layers")
-    if isinstance(num, int) and num != len(raw) and "layers_block_type" not in cfg:
+    if num is not None and (isinstance(num, bool) or not isinstance(num, int) or num < 1):
+        raise ConfigError(f"config.json: 'num_hidden_layers' must be a positive int, got {num!r}")
+    # transformers ignores a stale num_hidden_layers next to an explicit layers_block_type
+    if num is not None and num != len(raw) and "layers_block_type" not in cfg:
         raise ConfigError(
             f"config.json: 'num_hidden_layers' is {num} but the layer pattern has {len(raw)} layers"
         )
@@ -269,15 +359,43 @@ def _read_pattern(cfg: Mapping[str, Any]) -> str:
 
 
 def read_config(model_dir: str | Path) -> NemotronHConfig:
-    """Read and validate ``model_dir/config.json``."""
+    """Read and validate ``model_dir/config.json``.
+
+    Raises
+    ------
+    ConfigError
+        The file is missing, unreadable, not JSON, or fails :meth:`NemotronHConfig.from_dict`;
+        the message starts with the file's path.
+    """
     path = Path(model_dir) / "config.json"
     if not path.is_file():
         raise ConfigError(f"{path}: no config.json in the model directory")
-    with path.open() as f:
-        raw = json.load(f)
+    raw = read_json(path, ConfigError)
     if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: must hold a JSON object")
+        raise ConfigError(f"{path}: must hold a JSON object, got {type(raw).__name__}")
     try:
         return NemotronHConfig.from_dict(raw)
     except ConfigError as err:
-        raise ConfigError(f"{path}: {err}") from None
+        raise ConfigError(f"{path}: {str(err).removeprefix('config.json: ')}") from None
+
+
+def read_json(path: Path, error: type[ValueError]) -> Any:
+    """Parse a JSON file of a checkpoint; every failure is ``error`` naming the file.
+
+    ``{"__float__": ...}`` objects are decoded as ``transformers`` writes them; the bare
+    ``Infinity`` / ``NaN`` tokens Python's ``json`` writes are accepted.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise error(f"{path}: not UTF-8 text (byte {err.start})") from None
+    except OSError as err:
+        raise error(f"{path}: cannot be read ({err.strerror})") from None
+    if not text.strip():
+        raise error(f"{path}: the file is empty (expected a JSON object)")
+    try:
+        return json.loads(text, object_hook=_decode_float_tags)
+    except json.JSONDecodeError as err:
+        raise error(
+            f"{path}: not valid JSON ({err.msg} at line {err.lineno}, column {err.colno})"
+        ) from None

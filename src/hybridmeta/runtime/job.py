@@ -19,24 +19,28 @@ is non-zero when a check fails.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from types import FrameType
+from typing import Any, NoReturn, TextIO
 
 import attrs
 import torch
 
 from hybridmeta.kernels import implementation
-from hybridmeta.runtime.config import ConfigError
+from hybridmeta.runtime.config import ConfigError, read_config
 from hybridmeta.runtime.engine import Finished, Runtime, RuntimeOptions, StepStats
 from hybridmeta.runtime.loader import CheckpointError, load_nemotron_h
 from hybridmeta.runtime.model import NemotronH
 from hybridmeta.runtime.tiny import write_tiny_checkpoint
 
-__all__ = ["Check", "Tolerances", "kl_per_position", "main_job"]
+__all__ = ["Check", "Tolerances", "build_parser", "kl_per_position", "main_job"]
 
 
 @attrs.frozen(kw_only=True)
@@ -53,9 +57,12 @@ class WorkItem:
 class Tolerances:
     """Pass thresholds per weight dtype (KL in nats per sampled position).
 
-    fp32: every position must agree to rounding (max KL). bf16: the mean KL over
-    positions (the figure engines report for cache hits), after the tiny model's peaky
-    logits amplify bf16 rounding.
+    fp32: every position must agree to rounding (max KL). Two fp32 paths to the same token
+    differ by |dlogp| ~1e-6 (KL ~1e-12, on any CPU); a stale or misplaced state gives KL ~1
+    (the stale-tail defect of sglang PR #32555: 1.55). 1e-6 (1e-5 against transformers,
+    whose scan differs more) separates the two by orders of magnitude. bf16: the mean KL
+    over positions (the figure engines report for cache hits), after the tiny model's peaky
+    logits amplify bf16 rounding (2**-8 relative per op).
     """
 
     graph_vs_eager: float
@@ -95,18 +102,74 @@ def _say(out: TextIO, msg: str) -> None:
     print(msg, file=out, flush=True)
 
 
-def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(
-        prog="hybridmeta",
+#: Upper bounds of the count arguments: beyond them a value is a typo, not a workload.
+MAX_PROMPTS = 1024
+MAX_SLOTS = 1024
+MAX_TRACK_INTERVAL = 1 << 20
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line on ``err``, exit status 2."""
+
+    def __init__(self, *args: Any, err: TextIO, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._err = err
+
+    def error(self, message: str) -> NoReturn:
+        _say(self._err, f"hybridmeta: error: {message} (see {self.prog} --help)")
+        raise SystemExit(2)
+
+
+def _int_in(lo: int, hi: int, what: str) -> Callable[[str], int]:
+    """An argparse ``type``: an int in ``[lo, hi]``; the error states the rule and the value."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(
+                f"must be an int from {lo} to {hi} ({what}), got {text!r}"
+            )
+        return value
+
+    return parse
+
+
+def _model_dir(text: str) -> Path:
+    """An argparse ``type``: an existing directory."""
+    path = Path(text)
+    if not path.is_dir():
+        why = "is not a directory" if path.exists() else "does not exist"
+        raise argparse.ArgumentTypeError(
+            f"must be a checkpoint directory (config.json + *.safetensors); {text!r} {why}"
+        )
+    return path
+
+
+def build_parser(*, err: TextIO | None = None) -> argparse.ArgumentParser:
+    """The main job's argument parser (``hybridmeta run --help``).
+
+    Every value is validated here, at parse time; what needs the model's configuration
+    (``--track-interval`` against the SSM chunk size) is checked once ``config.json`` is read,
+    before any weight is loaded.
+    """
+    ap = _Parser(
+        prog="hybridmeta run",
         description=(
             "Run a mixed prefill/decode workload through the reference hybrid runtime and "
-            "check graph replay, prefix-cache hits and agreement with transformers."
+            "check graph replay, prefix-cache hits and agreement with transformers. "
+            "Exit status: 0 every check passed, 1 a check failed, 2 bad arguments or an "
+            "unusable model."
         ),
+        err=err if err is not None else sys.stderr,
     )
     ap.add_argument(
         "--model",
-        type=Path,
+        type=_model_dir,
         default=None,
+        metavar="DIR",
         help="Nemotron-H checkpoint dir (default: embedded tiny model)",
     )
     ap.add_argument(
@@ -121,14 +184,26 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         default="auto",
         help="default: float32 on CPU, bfloat16 on CUDA",
     )
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--prompts", type=int, default=6, help="first-wave prompts (default 6)")
     ap.add_argument(
-        "--track-interval", type=int, default=None, help="default: 2 x the model's chunk size"
+        "--seed", type=_int_in(0, 2**63 - 1, "a torch seed"), default=0, help="default 0"
+    )
+    ap.add_argument(
+        "--prompts",
+        type=_int_in(1, MAX_PROMPTS, "first-wave prompts"),
+        default=6,
+        help="first-wave prompts (default 6)",
+    )
+    ap.add_argument(
+        "--track-interval",
+        type=_int_in(2, MAX_TRACK_INTERVAL, "tokens between track boundaries"),
+        default=None,
+        metavar="N",
+        help="tokens between track boundaries, a multiple of the model's chunk size "
+        "(default: 2 x the chunk size)",
     )
     ap.add_argument(
         "--slots",
-        type=int,
+        type=_int_in(1, MAX_SLOTS, "working slots"),
         default=4,
         help="working slots (default 4; fewer than prompts -> queueing)",
     )
@@ -143,8 +218,12 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--no-transformers", action="store_true", help="skip the transformers comparison"
     )
-    ap.add_argument("--quiet", action="store_true", help="no progress lines")
-    return ap.parse_args(list(argv) if argv is not None else None)
+    ap.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress at all (no step lines, no loading bars); errors still go to stderr",
+    )
+    return ap
 
 
 def _first_wave(vocab: int, interval: int, n: int, gen: torch.Generator) -> list[WorkItem]:
@@ -232,7 +311,12 @@ def _reduce(values: torch.Tensor, how: str) -> float:
 
 
 def _transformers_logprobs(
-    model_dir: Path, requests: Sequence[Finished], device: torch.device, dtype: torch.dtype
+    model_dir: Path,
+    requests: Sequence[Finished],
+    device: torch.device,
+    dtype: torch.dtype,
+    *,
+    quiet: bool,
 ) -> list[torch.Tensor] | str:
     try:
         from transformers import NemotronHForCausalLM
@@ -240,29 +324,98 @@ def _transformers_logprobs(
         return "transformers not installed"
     from transformers.utils import logging as hf_logging
 
+    # transformers' warnings (e.g. its pure-torch fallbacks) are noise here; under --quiet
+    # its loading bar goes too. Both settings are global: restore them afterwards.
+    verbosity = hf_logging.get_verbosity()
+    bars = hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
-    hf: Any = NemotronHForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
-    hf.to(device).eval()
-    outs: list[torch.Tensor] = []
-    with torch.no_grad():
-        for f in requests:
-            ids = torch.tensor([f.tokens[:-1]], dtype=torch.int64, device=device)
-            logits = hf(input_ids=ids).logits[0].float()
-            outs.append(logits[len(f.prompt) - 1 :].log_softmax(-1))
-    del hf
+    if quiet:
+        hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    try:
+        hf: Any = NemotronHForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
+        hf.to(device).eval()
+        outs: list[torch.Tensor] = []
+        with torch.no_grad():
+            for f in requests:
+                ids = torch.tensor([f.tokens[:-1]], dtype=torch.int64, device=device)
+                logits = hf(input_ids=ids).logits[0].float()
+                outs.append(logits[len(f.prompt) - 1 :].log_softmax(-1))
+        del hf
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]
     return outs
 
 
-def main_job(argv: list[str] | None = None, *, out: TextIO | None = None) -> int:
+class _Terminated(BaseException):
+    """Raised by the SIGTERM/SIGHUP handler so ``finally`` blocks (temp dirs) run."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _termination_raises() -> Iterator[None]:
+    """Turn SIGTERM / SIGHUP into :class:`_Terminated` while the job runs.
+
+    SIGINT already raises ``KeyboardInterrupt``. Only the main thread can set handlers;
+    elsewhere (a job run from a worker thread) the default handlers stay.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        signal.signal(signum, signal.SIG_IGN)  # a second signal must not cut the clean-up
+        raise _Terminated(signum)
+
+    wanted = [signal.SIGTERM] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
+    old = {s: signal.signal(s, handler) for s in wanted}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def main_job(
+    argv: list[str] | None = None, *, out: TextIO | None = None, err: TextIO | None = None
+) -> int:
     """Run the main job (the README's first command); returns the exit status.
 
-    0: every check passed; 1: a check failed; 2: bad arguments or an unusable model.
+    0: every check passed; 1: a check failed; 2: bad arguments or an unusable model (one
+    line on ``err``, nothing written); 130 / 143: interrupted by SIGINT / SIGTERM. The
+    result table goes to ``out`` (default stdout), progress and errors to ``err`` (default
+    stderr). The embedded model's temporary directory is removed on every exit, signals
+    included.
     """
     stream = out if out is not None else sys.stdout
-    args = _parse(argv)
-    log: TextIO | None = None if args.quiet else sys.stderr
+    errs = err if err is not None else sys.stderr
+    try:
+        args = build_parser(err=errs).parse_args(list(argv) if argv is not None else None)
+    except SystemExit as exit_:  # --help (0) or a bad argument (2, already reported)
+        return exit_.code if isinstance(exit_.code, int) else 2
+    try:
+        with _termination_raises():
+            return _main(args, stream, errs)
+    except KeyboardInterrupt:
+        _say(errs, "hybridmeta: interrupted (SIGINT); temporary files removed")
+        return 128 + signal.SIGINT
+    except _Terminated as t:
+        _say(errs, f"hybridmeta: terminated by signal {t.signum}; temporary files removed")
+        return 128 + t.signum
+
+
+def _main(args: argparse.Namespace, stream: TextIO, errs: TextIO) -> int:
+    log: TextIO | None = None if args.quiet else errs
     if args.device == "cuda" and not torch.cuda.is_available():
-        _say(stream, "error: --device cuda was asked for but CUDA is not available")
+        _say(
+            errs,
+            "hybridmeta: error: argument --device: cuda was asked for but CUDA is not "
+            "available on this machine (use --device cpu or auto)",
+        )
         return 2
     device = torch.device(
         "cuda"
@@ -283,15 +436,24 @@ def main_job(argv: list[str] | None = None, *, out: TextIO | None = None) -> int
         else:
             model_dir = args.model
             source = str(model_dir)
+        chunk = read_config(model_dir).chunk_size
+        interval = args.track_interval if args.track_interval is not None else 2 * chunk
+        if interval % chunk:
+            where = "the embedded tiny model" if args.model is None else model_dir / "config.json"
+            _say(
+                errs,
+                f"hybridmeta: error: argument --track-interval: must be a multiple of the "
+                f"model's SSM chunk size ('chunk_size' {chunk} in {where}), got {interval}",
+            )
+            return 2
         if log is not None:
             _say(log, f"[1/5] loading {source} on {device} as {dtype}")
-        try:
-            model = load_nemotron_h(model_dir, device=device, dtype=dtype)
-        except (ConfigError, CheckpointError) as err:
-            _say(stream, f"error: {err}")
-            return 2
+        model = load_nemotron_h(model_dir, device=device, dtype=dtype)
         with implementation(args.kernels):
-            return _job(args, model, model_dir, device, dtype, stream, log)
+            return _job(args, interval, model, model_dir, device, dtype, stream, log)
+    except (ConfigError, CheckpointError) as error:
+        _say(errs, f"hybridmeta: error: {error}")
+        return 2
     finally:
         if tmp is not None:
             tmp.cleanup()
@@ -299,6 +461,7 @@ def main_job(argv: list[str] | None = None, *, out: TextIO | None = None) -> int
 
 def _job(
     args: argparse.Namespace,
+    interval: int,
     model: NemotronH,
     model_dir: Path,
     device: torch.device,
@@ -307,10 +470,6 @@ def _job(
     log: TextIO | None,
 ) -> int:
     cfg = model.config
-    interval = args.track_interval if args.track_interval is not None else 2 * cfg.chunk_size
-    if interval < 1 or interval % cfg.chunk_size:
-        _say(stream, f"error: --track-interval must be a multiple of chunk_size {cfg.chunk_size}")
-        return 2
     gen = torch.Generator().manual_seed(args.seed)
     first = _first_wave(cfg.vocab_size, interval, args.prompts, gen)
     # first wave < 3*interval tokens, continuations 2*interval + 5 + interval/2
@@ -416,7 +575,7 @@ def _job(
     else:
         if log is not None:
             _say(log, "[5/5] transformers NemotronHForCausalLM reference")
-        ref = _transformers_logprobs(model_dir, graph_res, device, dtype)
+        ref = _transformers_logprobs(model_dir, graph_res, device, dtype, quiet=args.quiet)
         if isinstance(ref, str):
             checks.append(
                 Check(name="agreement with transformers", value="skipped", detail=ref, passed=None)
