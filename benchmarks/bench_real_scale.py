@@ -38,9 +38,10 @@ from typing import Any
 import torch
 
 import hybridmeta
+from hybridmeta.kernels import implementation
+from hybridmeta.model import ForwardMetadata, prepare_decode
 from hybridmeta.runtime import Runtime, RuntimeOptions, load_nemotron_h
 from hybridmeta.runtime.config import NemotronHConfig as RuntimeConfig
-from hybridmeta.runtime.decode_graphs import decode_metadata
 
 PATTERN = "M-M-M-MM-M-M-M*-M-M-M*-M-M-M-M*-M-M-M-M*-M-MM-M-M-M-M-M-"
 
@@ -184,11 +185,21 @@ def make_replay(rt: Runtime, bs: int) -> Callable[[], torch.Tensor]:
     assert rt.graphs is not None
     graphs = rt.graphs
     dev = rt.device
-    slots = torch.arange(1, bs + 1, dtype=torch.int64, device=dev)
     ids = torch.full((bs,), 5, dtype=torch.int64, device=dev)
     pos = torch.full((bs,), 3, dtype=torch.int64, device=dev)
-    fwd = decode_metadata(slots, torch.full_like(slots, -1), torch.zeros_like(slots, dtype=torch.bool))
-    return lambda: graphs.run(fwd, ids, pos)
+    return lambda: graphs.run(_decode_forward(bs, dev), ids, pos)
+
+
+def _decode_forward(bs: int, dev: torch.device) -> ForwardMetadata:
+    """A decode step of ``bs`` rows in working slots ``0..bs-1``, nothing tracked."""
+    slots = torch.arange(bs, dtype=torch.int64, device=dev)
+    return ForwardMetadata(
+        query_start_loc=torch.arange(bs + 1, dtype=torch.int64, device=dev),
+        mamba_cache_indices=slots,
+        mamba_track_indices=torch.full_like(slots, -1),
+        mamba_track_mask=torch.zeros_like(slots, dtype=torch.bool),
+        has_mamba_track_mask=False,
+    )
 
 
 def replay_ms(rt: Runtime, bs: int, iters: int) -> dict[str, float]:
@@ -273,13 +284,18 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--tag", default="h200")
     ap.add_argument("--dir", default="/dev/shm/hybridmeta-nano9b", help="checkpoint folder")
-    ap.add_argument("--kernels", default="triton", choices=("triton", "torch"))
+    ap.add_argument("--kernels", default="triton", choices=("triton", "reference"))
     ap.add_argument("--prefill-len", type=int, default=2048)
     ap.add_argument("--new-tokens", type=int, default=24)
     ap.add_argument("--hf-new-tokens", type=int, default=8)
     ap.add_argument("--no-hf", action="store_true", help="skip transformers' generate")
     ap.add_argument("--small", action="store_true", help="tiny model on the CPU (script check)")
     args = ap.parse_args()
+    with implementation(args.kernels):
+        _main(args)
+
+
+def _main(args: argparse.Namespace) -> None:
     dev = torch.device("cpu" if args.small else "cuda")
     cfg = tiny_config() if args.small else nano_config()
     prefill_len = 48 if args.small else args.prefill_len
@@ -292,7 +308,7 @@ def main() -> None:
         "versions": {"hybridmeta": hybridmeta.__version__, "torch": torch.__version__,
                      "cuda": torch.version.cuda, "python": sys.version.split()[0]},
         "config": cfg.to_hf_dict(),
-        "decode_kernels": args.kernels,
+        "kernels": args.kernels,
     }  # fmt: skip
     try:
         import transformers
@@ -328,7 +344,6 @@ def main() -> None:
         num_working=rows, num_track=rows, max_len=prefill_len + args.new_tokens + 8,
         track_interval=cfg.chunk_size, max_prefill_tokens=max(prefill_len, rows * 128),
         use_graphs=True, max_decode_bs=rows, use_prefix_cache=False, sync_timing=True,
-        decode_kernels=args.kernels,
     ))  # fmt: skip
     _sync(dev)
     res["runtime_init_s"] = time.perf_counter() - t0  # includes capturing every bucket
@@ -355,18 +370,16 @@ def main() -> None:
     res["runtime"] = steps
 
     # Kernels of one eager decode step (no graph): what the graph replays, counted directly.
-    from hybridmeta.model import prepare_decode
-    from hybridmeta.runtime.decode_graphs import decode_step
-
-    slots = torch.arange(1, rows + 1, dtype=torch.int64, device=dev)
-    fwd = decode_metadata(slots, torch.full_like(slots, -1), torch.zeros_like(slots, dtype=torch.bool))
-    md = prepare_decode(fwd)
-    ins = {"input_ids": torch.full((rows,), 5, dtype=torch.int64, device=dev),
-           "positions": torch.full((rows,), 3, dtype=torch.int64, device=dev)}  # fmt: skip
+    md = prepare_decode(_decode_forward(rows, dev))
+    ids = torch.full((rows,), 5, dtype=torch.int64, device=dev)
+    pos = torch.full((rows,), 3, dtype=torch.int64, device=dev)
     pool = rt.pool
-    res["eager_step_profile"] = profile_step(
-        lambda: decode_step(model, pool, md, ins, kernels=args.kernels), dev, 2
-    )
+
+    def eager_step() -> torch.Tensor:
+        with torch.no_grad():
+            return model.forward_decode(ids, pos, md, pool)
+
+    res["eager_step_profile"] = profile_step(eager_step, dev, 2)
     print("eager step", {k: v for k, v in res["eager_step_profile"].items() if k != "top_kernels"},
           flush=True)  # fmt: skip
     save()

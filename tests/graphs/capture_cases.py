@@ -70,6 +70,7 @@ CASES: dict[str, Callable[[torch.Tensor], object]] = {
     "cat": lambda t: torch.cat([t, t]),
     "arange": lambda t: torch.arange(4, device=t.device),
     "zeros_like": lambda t: torch.zeros_like(t),
+    "promote_types": lambda t: torch.empty(1, dtype=torch.promote_types(t.dtype, torch.bfloat16)),
 }
 
 

@@ -228,6 +228,19 @@ def _returns_host_value(func: Any) -> bool:
     return False
 
 
+def _reads_a_tensor(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    # A host value computed from host arguments alone (torch.promote_types of two dtypes)
+    # reads no device memory.
+    def has(x: Any) -> bool:
+        if isinstance(x, torch.Tensor):
+            return True
+        if isinstance(x, (list, tuple)):
+            return any(has(v) for v in x)
+        return False
+
+    return has(args) or has(tuple(kwargs.values()))
+
+
 def _has_bool_index(func: Any, args: tuple[Any, ...]) -> bool:
     # x[mask] and x[mask] = values run nonzero inside the kernel: a hidden sync on CUDA.
     # x[mask] = one value is a masked fill inside index_put_ (no sync): CUDA captures it.
@@ -325,7 +338,11 @@ class _Recorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
             )
         if func in _BOOL_INDEX_OPS and _has_bool_index(func, args):
             raise _sync_error(f"{func} with a boolean mask index")
-        if func not in _HOST_METADATA_OPS and _returns_host_value(func):
+        if (
+            func not in _HOST_METADATA_OPS
+            and _returns_host_value(func)
+            and _reads_a_tensor(args, kwargs)
+        ):
             raise _sync_error(str(func))
         if _is_device_to_host_copy(func, args, kwargs):
             raise _sync_error(f"{func} to the CPU")
