@@ -1,44 +1,59 @@
 #!/usr/bin/env bash
-# The whole GPU run in one call (device tool): GPU-marked tests of every part, the
-# benchmarks, compute-sanitizer over the kernel suite, and the main job on CUDA.
-# Usage (repository root, on the GPU machine): OUT=/some/dir bash scripts/gpu_suite.sh [parts...]
-# parts: tests bench sanitizer job (default: all). Logs and JSON land in $OUT/run/, packed
-# into $OUT/gpu_run.tar.gz at the end.
+# The GPU run (device tool), in parts: the CUDA capture-refusal table, the GPU-marked tests
+# of every part, compute-sanitizer over the kernels' GPU tests, the main job on CUDA, the
+# kernel/spec/prefill/graph benchmarks (peers side by side when the bundle is there), and
+# the real-scale decode benchmark.
+#
+# Usage (repository root, on the GPU machine):
+#   OUT=/some/dir [HYBRIDMETA_PEERS=bundle] bash scripts/gpu_suite.sh [parts...]
+# parts: refusals tests sanitizer job bench realscale (default: all). Logs and JSON land in
+# $OUT (flat: the device tool brings back files two folders down at most).
 set -uo pipefail
-export PYTHONPATH=src PYTHONUNBUFFERED=1
+export PYTHONPATH=src:. PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/fiws}
 OUT=${OUT:?set OUT}
-R=$OUT/run
-mkdir -p "$R"
-parts=${*:-tests bench sanitizer job}
+mkdir -p "$OUT"
+parts=${*:-refusals tests sanitizer job bench realscale}
 step() { echo "=== $(date -u +%H:%M:%S) $*"; }
 
 step env
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv;
-  python3 -c "import torch, triton, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda)"; } 2>&1 | tee "$R/env.txt"
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader;
+  python3 -c "import torch, triton, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda)"; } 2>&1 | tee "$OUT/env.txt"
 
 for p in $parts; do case $p in
-tests)
-  step "gpu tests (thorough profile)"
-  HYPOTHESIS_PROFILE=thorough timeout ${TESTS_TIMEOUT:-270} python3 -m pytest -q -m gpu -p no:cacheprovider \
-    tests/kernels tests/graphs tests/prefill tests/runtime tests/properties \
-    --junitxml="$R/gpu_tests.xml" 2>&1 | tee "$R/gpu_tests.log" | tail -25
+refusals)
+  step "what a real CUDA capture refuses (tests/graphs/cuda_capture_refusals.json)"
+  python3 scripts/cuda_capture_refusals.py --out "$OUT/cuda_capture_refusals.json" > "$OUT/refusals.log" 2>&1
+  cp "$OUT/cuda_capture_refusals.json" tests/graphs/cuda_capture_refusals.json
+  grep -c REFUSED "$OUT/refusals.log"
   ;;
-bench)
-  step "benchmarks"
-  timeout 240 python3 benchmarks/bench_kernels.py --out "$R" 2>&1 | tee "$R/bench_kernels.log" | tail -40
-  timeout 60 python3 benchmarks/bench_graphs.py --out "$R" 2>&1 | tee "$R/bench_graphs.log" | tail -15
-  timeout 90 python3 benchmarks/bench_prefill.py --out "$R" 2>&1 | tee "$R/bench_prefill.log" | tail -15
-  timeout 60 python3 benchmarks/bench_metadata.py --out "$R" 2>&1 | tee "$R/bench_metadata.log" | tail -3
+tests)
+  step "gpu tests: properties and graphs thorough, the rest ci"
+  HYPOTHESIS_PROFILE=thorough timeout ${THOROUGH_TIMEOUT:-200} python3 -m pytest -q -m gpu -p no:cacheprovider \
+    tests/properties tests/graphs 2>&1 | tee "$OUT/gpu_tests_thorough.log" | tail -6
+  HYPOTHESIS_PROFILE=ci timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q -m gpu -p no:cacheprovider \
+    tests/kernels tests/runtime tests/test_*.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -8
   ;;
 sanitizer)
-  step "compute-sanitizer memcheck over the kernel suite"
+  step "compute-sanitizer memcheck over the kernels' GPU tests"
   HYPOTHESIS_PROFILE=ci timeout ${SANITIZER_TIMEOUT:-150} compute-sanitizer --tool memcheck --target-processes all \
-    python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels 2>&1 | tee "$R/sanitizer.log" | tail -8
+    python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels -k "not int32_offsets" 2>&1 \
+    | tee "$OUT/sanitizer.log" | tail -4
   ;;
 job)
   step "main job on CUDA"
-  timeout 180 python3 -m hybridmeta.cli --device cuda 2>&1 | tee "$R/main_job_cuda.log" | tail -30
+  timeout 180 python3 -m hybridmeta.cli --device cuda 2>&1 | tee "$OUT/main_job_cuda.log" | tail -16
+  ;;
+bench)
+  step "benchmarks"
+  timeout 240 python3 benchmarks/bench_kernels.py --out "$OUT" 2>&1 | tee "$OUT/bench_kernels.log" | tail -12
+  timeout 120 python3 benchmarks/bench_spec.py --out "$OUT" --no-sweep 2>&1 | tee "$OUT/bench_spec.log" | tail -6
+  timeout 90 python3 benchmarks/bench_prefill.py --out "$OUT" 2>&1 | tee "$OUT/bench_prefill.log" | tail -4
+  timeout 60 python3 benchmarks/bench_graphs.py --out "$OUT" 2>&1 | tee "$OUT/bench_graphs.log" | tail -6
+  ;;
+realscale)
+  step "real-scale decode (Nemotron-Nano-9B-v2 architecture, random weights)"
+  timeout ${REALSCALE_TIMEOUT:-300} python3 benchmarks/bench_real_scale.py --out "$OUT" 2>&1 | tee "$OUT/real_scale.log" | tail -12
   ;;
 esac; done
 step done
-tar -C "$OUT" -czf "$OUT/gpu_run.tar.gz" run && rm -rf "$R"
