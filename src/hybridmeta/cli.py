@@ -74,6 +74,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         parser.parse_args(args[1:])
         return _demo()
+    if args and args[0] == "audit":
+        from hybridmeta.audit import main as audit_main
+
+        return audit_main(args[1:])
     if args and args[0] == "run":
         args = args[1:]
     try:
