@@ -12,8 +12,8 @@ instance of one of them:
     default: the shape of sglang PR #26877 (``has_mamba_track_mask`` dropped in
     ``Mamba2Metadata.prepare_decode``). The source is the name whose attributes the call
     copies by the same name at least twice; its class comes from a parameter annotation,
-    an assignment, ``self``, or (failing those) the one known class that has every
-    attribute the call reads from it.
+    an assignment, ``self``, or (failing those) the known class with the fewest fields
+    that has every attribute the call reads from it, when that choice is unambiguous.
 ``HM002``
     ``dataclasses.replace(obj, ...)`` / ``attrs.evolve(obj, ...)`` on a class with
     ``init=False`` fields: those are not copied but re-initialised to their default.
@@ -432,6 +432,12 @@ class _Auditor:
         if source is None:
             wanted = reads[src_name]
             cands = [c for c in self.classes.all if wanted <= {f.name for f in c.fields}]
+            # Several: take the smallest field set when it is unambiguous (a base class and
+            # its undecorated subclasses share one).
+            smallest = min((len(c.fields) for c in cands), default=0)
+            cands = [c for c in cands if len(c.fields) == smallest]
+            if len({frozenset(f.name for f in c.fields) for c in cands}) == 1:
+                cands = cands[:1]
             if len(cands) != 1:
                 self.notes.append(
                     f"{scope.path}:{call.lineno}: {derived.name}(...) copies from "

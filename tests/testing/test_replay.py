@@ -29,7 +29,7 @@ class Tiny(GraphedDecodeBackend):
     ``defect`` plants one bug: ``"no_pad"`` (refresh leaves rows [bs:B) stale),
     ``"past_bucket"`` (the step reads slot ids from the last B rows of the whole buffer),
     ``"wrong_output"`` (row 0's output is off by one), ``"touch_neighbour"`` (also writes
-    slot + 1), ``"crash"`` (indexes the pool with ``2 * slot``: out of range for a high one).
+    slot + 1), ``"crash"`` (indexes the pool with a value read from the buffer's last row).
     """
 
     def __init__(self, defect: str | None = None, max_bs: int = 4) -> None:
@@ -58,8 +58,6 @@ class Tiny(GraphedDecodeBackend):
     def _step(self, slots: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         live = slots >= 0
         dst = torch.where(live, slots, self.num_slots)
-        if self.defect == "crash":
-            dst = torch.where(live, slots * 2, self.num_slots)  # can index past the pool
         new = self.pool.index_select(0, dst) + x
         self.pool.index_copy_(0, dst, new)
         if self.defect == "touch_neighbour":
@@ -71,6 +69,10 @@ class Tiny(GraphedDecodeBackend):
         slots = self.slots[:bucket]
         if self.defect == "past_bucket":
             slots = self.slots[-bucket:]
+        if self.defect == "crash":
+            # Indexes the pool with the buffer's last row, unchecked: -1 (a pad) is the only
+            # value that stays in range.
+            self.pool.index_select(0, (self.slots[-1:] + 1) * 1000)
         y = self._step(slots, self.x[:bucket])
         if self.defect == "wrong_output":
             bump = torch.zeros_like(y)
