@@ -155,5 +155,6 @@ def test_usage_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert main([str(tmp_path / "missing.py")]) == 2
     assert "no such file or directory" in capsys.readouterr().err
     assert main([]) == 2
+    (tmp_path / "empty").mkdir()
     with pytest.raises(AuditError, match="no Python files"):
-        audit_paths([str(tmp_path / "empty")] if (tmp_path / "empty").mkdir() else [])
+        audit_paths([str(tmp_path / "empty")])

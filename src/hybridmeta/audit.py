@@ -389,7 +389,7 @@ class _Auditor:
         passed: set[str] = set()
         values: list[tuple[str, ast.expr]] = []
         init_fields = [f for f in derived.fields if f.init]
-        for f, arg in zip(init_fields, call.args):
+        for f, arg in zip(init_fields, call.args, strict=False):
             passed.add(f.name)
             values.append((f.name, arg))
         if any(isinstance(a, ast.Starred) for a in call.args):
@@ -401,7 +401,7 @@ class _Auditor:
             elif isinstance(kw.value, ast.Dict) and all(
                 isinstance(k, ast.Constant) and isinstance(k.value, str) for k in kw.value.keys
             ):
-                for k, v in zip(kw.value.keys, kw.value.values):
+                for k, v in zip(kw.value.keys, kw.value.values, strict=True):
                     assert isinstance(k, ast.Constant)
                     passed.add(str(k.value))
                     values.append((str(k.value), v))

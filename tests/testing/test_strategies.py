@@ -32,8 +32,10 @@ def test_batches_respect_the_slot_rules(
 ) -> None:
     num_slots = 2 * max_bs + data.draw(st.integers(0, 3))
     b = data.draw(
-        batches(max_bs=max_bs, num_slots=num_slots, prefills=prefills, pad_rows=pad_rows,
-                draft_token_num=k)  # fmt: skip
+        batches(
+            max_bs=max_bs, num_slots=num_slots, prefills=prefills, pad_rows=pad_rows,
+            draft_token_num=k,
+        )
     )
     assert 1 <= b.bs <= max_bs
     live = [s for s in b.slots if s >= 0]
@@ -44,7 +46,7 @@ def test_batches_respect_the_slot_rules(
     tracked = [b.track_slots[i] for i in b.tracked_rows()]
     assert len(set(tracked)) == len(tracked)
     assert not set(tracked) & set(live), "flagged track slots are disjoint from working slots"
-    for m, t in zip(b.track_mask, b.track_slots):
+    for m, t in zip(b.track_mask, b.track_slots, strict=True):
         assert not m or t >= 0, "a flagged row has a track slot"
     assert b.query_start_loc[-1] == b.num_tokens
     assert all(n == k for n in b.extend_lens[b.num_prefills :])
@@ -162,6 +164,6 @@ def test_metadata_instances_name_an_undrawable_field() -> None:
     class Holder:
         thing: object
 
-    with pytest.raises(TypeError, match="'thing'.*values="):
+    with pytest.raises(TypeError, match=r"'thing'.*values="):
         find(metadata_instances(Holder), lambda m: True)
     assert attrs.has(Holder)

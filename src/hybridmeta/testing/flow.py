@@ -157,7 +157,7 @@ def sentinel_instances(
     )
     length = draw(st.integers(1, max_len), label="tensor length")
     kwargs: dict[str, Any] = {}
-    for f, n in zip(fields, nums):
+    for f, n in zip(fields, nums, strict=True):
         strat = overrides.get(f.name) or _sentinel_for(f.annotation, f.name, n, length)
         kwargs[f.name] = draw(strat, label=f.name)
     return cls(**kwargs)

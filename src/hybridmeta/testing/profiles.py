@@ -42,7 +42,7 @@ def _register(name: str, *, examples: int, steps: int, repro: bool = False) -> N
         phases=_PHASES,
         print_blob=not repro,
         derandomize=repro,
-        database=None if repro else settings.default.database,
+        database=None if repro else settings.get_profile("default").database,
     )
 
 

@@ -19,6 +19,7 @@ changed, and pad rows that the refresh left stale.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -141,7 +142,7 @@ class _ReplayBase(RuleBasedStateMachine):
         # Largest first: real CUDA graphs then share the largest bucket's pool memory.
         for bucket in reversed(buckets):
             b.prepare_capture(bucket)
-            self._graphs[bucket] = gb.capture(lambda bucket=bucket: b.forward(bucket))
+            self._graphs[bucket] = gb.capture(functools.partial(b.forward, bucket))
 
     # ------------------------------------------------------------------ one step
 
@@ -282,7 +283,7 @@ class _ReplayBase(RuleBasedStateMachine):
             n, live, rows_b = int(buf.shape[0]), _rows(rule_, batch.bs), _rows(rule_, bucket)
             if rows_b < n:
 
-                def past(name: str, lo: int = rows_b) -> None:
+                def past(name: str, lo: int = rows_b, target: str = target) -> None:
                     if name == target:
                         _perturb(b.static_buffers()[name][lo:], b.num_slots)
 
@@ -296,7 +297,13 @@ class _ReplayBase(RuleBasedStateMachine):
             if live < rows_b:
                 kept: list[torch.Tensor] = []
 
-                def pads(name: str, lo: int = live, hi: int = rows_b) -> None:
+                def pads(
+                    name: str,
+                    lo: int = live,
+                    hi: int = rows_b,
+                    target: str = target,
+                    kept: list[torch.Tensor] = kept,
+                ) -> None:
                     if name == target:
                         rows = b.static_buffers()[name][lo:hi]
                         _perturb(rows, b.num_slots)
@@ -354,7 +361,7 @@ def replay_machine(
         def step(self, batch: Batch, fill: TailFill) -> None:
             self.run_step(batch, fill)
 
-    Machine.factory = staticmethod(factory)  # type: ignore[assignment]
+    Machine.factory = staticmethod(factory)
     Machine.__name__ = Machine.__qualname__ = label
     return Machine
 

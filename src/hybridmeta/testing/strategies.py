@@ -148,7 +148,7 @@ class Batch:
         """Live rows that save their new state into their track slot."""
         return tuple(
             i
-            for i, (s, t, m) in enumerate(zip(self.slots, self.track_slots, self.track_mask))
+            for i, (s, t, m) in enumerate(zip(self.slots, self.track_slots, self.track_mask, strict=True))
             if m and s >= 0 and t >= 0
         )
 
@@ -227,7 +227,7 @@ def batches(
         )
     )  # fmt: skip
     pads = draw(st.lists(st.booleans(), min_size=bs, max_size=bs)) if pad_rows else [False] * bs
-    slots = tuple(-1 if p else s for s, p in zip(picked[:bs], pads))
+    slots = tuple(-1 if p else s for s, p in zip(picked[:bs], pads, strict=True))
     if track:
         mask = tuple(draw(st.lists(st.booleans(), min_size=bs, max_size=bs)))
         track_slots_l: list[int] = []
