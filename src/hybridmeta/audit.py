@@ -13,7 +13,8 @@ instance of one of them:
     ``Mamba2Metadata.prepare_decode``). The source is the name whose attributes the call
     copies by the same name at least twice; its class comes from a parameter annotation,
     an assignment, ``self``, or (failing those) the known class with the fewest fields
-    that has every attribute the call reads from it, when that choice is unambiguous.
+    that has every attribute the call reads from it, when that choice is unambiguous and
+    the call copies at least half of its fields.
 ``HM002``
     ``dataclasses.replace(obj, ...)`` / ``attrs.evolve(obj, ...)`` on a class with
     ``init=False`` fields: those are not copied but re-initialised to their default.
@@ -322,25 +323,65 @@ def _functions(tree: ast.Module) -> Iterator[tuple[ast.FunctionDef | ast.AsyncFu
     yield from visit(tree.body, None, "")
 
 
-def _scope_types(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> dict[str, list[str]]:
+@dataclass
+class _Module:
+    """Per-file facts used to type local names: TypeVar bounds, function return types."""
+
+    typevars: dict[str, list[str]] = field(default_factory=dict)
+    returns: dict[str, list[str]] = field(default_factory=dict)
+
+    def expand(self, names: list[str]) -> list[str]:
+        out: list[str] = []
+        for n in names:
+            out.extend(self.typevars.get(n, [n]))
+        return out
+
+
+def _module_facts(tree: ast.Module) -> _Module:
+    facts = _Module()
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+            and isinstance(node.value, ast.Call)
+            and (_dotted(node.value.func) or "").split(".")[-1] == "TypeVar"
+        ):
+            for kw in node.value.keywords:
+                if kw.arg == "bound":
+                    facts.typevars[node.targets[0].id] = _type_names(kw.value)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.returns:
+            facts.returns.setdefault(node.name, _type_names(node.returns))
+    return facts
+
+
+def _scope_types(
+    fn: ast.FunctionDef | ast.AsyncFunctionDef, facts: _Module | None = None
+) -> dict[str, list[str]]:
+    facts = facts or _Module()
     types: dict[str, list[str]] = {}
     args = fn.args
     for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]:
-        names = _type_names(a.annotation)
+        names = facts.expand(_type_names(a.annotation))
         if names:
             types[a.arg] = names
     for node in ast.walk(fn):
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            types.setdefault(node.target.id, _type_names(node.annotation))
+            types.setdefault(node.target.id, facts.expand(_type_names(node.annotation)))
         elif (
             isinstance(node, ast.Assign)
             and len(node.targets) == 1
             and isinstance(node.targets[0], ast.Name)
             and isinstance(node.value, ast.Call)
         ):
-            head = _dotted(node.value.func)
+            func = node.value.func
+            head = func.attr if isinstance(func, ast.Attribute) else _dotted(func)
             if head is not None:
-                types.setdefault(node.targets[0].id, [head.split(".")[-1]])
+                last = head.split(".")[-1]
+                # A constructor call, or a function whose return annotation is known.
+                names = [last] if last[:1].isupper() else facts.returns.get(last, [])
+                if names:
+                    types.setdefault(node.targets[0].id, facts.expand(names))
     return types
 
 
@@ -429,6 +470,8 @@ class _Auditor:
         self.calls += 1
         source = self._class_of_name(src_name, scope)
         how = "declared"
+        if source is None and src_name in ("self", "cls"):
+            return  # the enclosing class is not a known metadata class: not a copy
         if source is None:
             wanted = reads[src_name]
             cands = [c for c in self.classes.all if wanted <= {f.name for f in c.fields}]
@@ -438,6 +481,9 @@ class _Auditor:
             cands = [c for c in cands if len(c.fields) == smallest]
             if len({frozenset(f.name for f in c.fields) for c in cands}) == 1:
                 cands = cands[:1]
+            # An inferred source must be mostly copied, not merely read from.
+            if len(cands) == 1 and 2 * len(copies[src_name]) < sum(f.init for f in cands[0].fields):
+                cands = []
             if len(cands) != 1:
                 self.notes.append(
                     f"{scope.path}:{call.lineno}: {derived.name}(...) copies from "
@@ -470,9 +516,13 @@ class _Auditor:
         info: ClassInfo | None = None
         if isinstance(obj, ast.Name):
             info = self._class_of_name(obj.id, scope)
-        self.calls += 1
         if info is None:
+            self.notes.append(
+                f"{scope.path}:{call.lineno}: {name}({ast.unparse(obj)}, ...): class of "
+                f"{ast.unparse(obj)!r} unknown; skipped"
+            )
             return
+        self.calls += 1
         for f in info.fields:
             if f.init or f.default is None:
                 continue
@@ -533,9 +583,15 @@ def audit_paths(paths: Sequence[str]) -> AuditResult:
         classes.collect(tree, path)
     classes.resolve()
     auditor = _Auditor(classes)
+    facts = _Module()
+    for _, tree in trees:
+        one = _module_facts(tree)
+        facts.typevars.update(one.typevars)
+        for k, v in one.returns.items():
+            facts.returns.setdefault(k, v)
     for path, tree in trees:
         for fn, cls, qual in _functions(tree):
-            scope = _Scope(path, qual, cls, _scope_types(fn))
+            scope = _Scope(path, qual, cls, _scope_types(fn, facts))
             for node in ast.walk(fn):
                 if isinstance(node, ast.Call):
                     auditor.check_call(node, scope)
