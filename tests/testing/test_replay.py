@@ -109,7 +109,8 @@ def test_stale_pad_rows_are_found_and_named() -> None:
     text = str(info.value)
     assert "disagrees with the backend's eager reference" in text
     assert "of static buffer 'slots' (the pad rows of bucket" in text
-    assert "state.step(batch=Batch(bs=" in text, "Hypothesis's steps are appended"
+    assert "steps to reproduce, after capture():\n  step(batch=Batch(bs=" in text
+    assert info.value.steps and info.value.steps[-1][0].bs >= 1
 
 
 def test_reading_past_the_bucket_is_found_and_named() -> None:
@@ -151,3 +152,15 @@ def test_rows_rule() -> None:
     assert rows_rule(torch.zeros(12, 3), 4) == (3, 0)
     assert rows_rule(torch.zeros(7), 4) is None
     assert rows_rule(torch.zeros(()), 4) is None
+
+
+def test_steps_the_failure_does_not_need_are_deleted() -> None:
+    from hybridmeta.testing.replay import _reduce, replay_machine
+
+    machine = replay_machine(lambda: Tiny("past_bucket"), track=False)
+    noop = Batch(slots=(0, 1, 2, 3), track_slots=(-1,) * 4, track_mask=(False,) * 4,
+                 extend_lens=(1,) * 4)  # fmt: skip
+    bad = Batch(slots=(5,), track_slots=(-1,), track_mask=(False,), extend_lens=(1,))
+    reduced = _reduce(machine, ReplayFailure("x", [(noop, TailFill.ZEROS), (bad, TailFill.ZEROS)]))
+    assert reduced.steps == [(bad, TailFill.ZEROS)]
+    assert "diagnosis:" in str(reduced)

@@ -50,8 +50,13 @@ class ReplayFailure(AssertionError):
 
     ``str(err)`` names the bucket, the batch, the filler, every disagreeing output row and
     state slot and (for the shrunk example) the static-buffer rows that reach the graph.
-    :func:`check_replay` appends Hypothesis's falsifying steps.
+    :func:`check_replay` appends the steps that reproduce it; ``steps`` holds them as
+    ``(batch, fill)`` pairs.
     """
+
+    def __init__(self, message: str, steps: Sequence[tuple[Batch, TailFill]] = ()) -> None:
+        super().__init__(message)
+        self.steps = list(steps)
 
 
 def _is_final() -> bool:
@@ -122,6 +127,7 @@ class _ReplayBase(RuleBasedStateMachine):
         super().__init__()
         self._backend: GraphedDecodeBackend | None = None
         self._graphs: dict[int, CapturedGraph[_Outputs]] = {}
+        self.history: list[tuple[Batch, TailFill]] = []
 
     @property
     def backend(self) -> GraphedDecodeBackend:
@@ -182,6 +188,8 @@ class _ReplayBase(RuleBasedStateMachine):
             p.copy_(pools[name].to(p.device))
 
     def run_step(self, batch: Batch, fill: TailFill) -> None:
+        """One step: poison, refresh, replay, compare (raises :class:`ReplayFailure`)."""
+        self.history.append((batch, fill))
         b = self.backend
         if batch.bs > b.max_bs:
             raise ValueError(f"batch has bs={batch.bs} > max_bs={b.max_bs}")
@@ -201,7 +209,7 @@ class _ReplayBase(RuleBasedStateMachine):
         ]
         if _is_final():
             lines += self._diagnose(batch, fill, bucket, inputs, snapshot, after, outs)
-        raise ReplayFailure("\n".join(lines))
+        raise ReplayFailure("\n".join(lines), self.history)
 
     def _compare(
         self,
@@ -404,5 +412,40 @@ def check_replay(
         chosen = Settings(resolve_settings(settings), report_multiple_bugs=False)
         run_state_machine_as_test(machine, settings=chosen)
     except ReplayFailure as e:
-        notes = "\n".join(getattr(e, "__notes__", ()))
-        raise ReplayFailure(f"{e}\n{notes}".rstrip()) from None
+        final = _reduce(machine, e) if len(e.steps) > 1 else e
+        text = "\n".join(
+            [str(final), "steps to reproduce, after capture():",
+             *(f"  step(batch={b!r}, fill=TailFill.{f.name})" for b, f in final.steps)]
+        )  # fmt: skip
+        raise ReplayFailure(text, final.steps) from None
+
+
+def _replay_steps(
+    machine: type[RuleBasedStateMachine], steps: list[tuple[Batch, TailFill]]
+) -> ReplayFailure | None:
+    m = machine()
+    assert isinstance(m, _ReplayBase)
+    m.capture()
+    try:
+        for batch, fill in steps:
+            m.run_step(batch, fill)
+    except ReplayFailure as e:
+        return e
+    except Exception:  # a different failure: not a reproduction of this one
+        return None
+    return None
+
+
+def _reduce(machine: type[RuleBasedStateMachine], err: ReplayFailure) -> ReplayFailure:
+    """Delete steps the failure does not need (Hypothesis's stateful shrinker sometimes
+    keeps leading no-op steps); the last run also carries the diagnosis."""
+    steps = list(err.steps)
+    changed = True
+    while changed and len(steps) > 1:
+        changed = False
+        for i in range(len(steps)):
+            trial = steps[:i] + steps[i + 1 :]
+            if trial and _replay_steps(machine, trial) is not None:
+                steps, changed = trial, True
+                break
+    return _replay_steps(machine, steps) or err
