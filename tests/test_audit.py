@@ -158,3 +158,26 @@ def test_usage_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     (tmp_path / "empty").mkdir()
     with pytest.raises(AuditError, match="no Python files"):
         audit_paths([str(tmp_path / "empty")])
+
+
+def test_typevar_bounds_and_return_annotations_type_the_source(tmp_path: Path) -> None:
+    p = _write(tmp_path, "m.py", BASE + '''
+from dataclasses import replace
+from typing import TypeVar
+
+M = TypeVar("M", bound="Fwd")
+
+class Builder:
+    def common(self) -> M:
+        ...
+
+    def build(self, md: M):
+        fresh = self.common()
+        replace(fresh, flag=True)
+        return replace(md, flag=False)
+''')
+    result = audit_paths([p])
+    assert [(f.rule, f.field, f.line) for f in result.findings] == [
+        ("HM002", "hidden", 23), ("HM002", "hidden", 24)
+    ]
+    assert result.calls_checked == 2
