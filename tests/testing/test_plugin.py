@@ -18,14 +18,16 @@ CONFTEST = 'pytest_plugins = ["hybridmeta.testing.pytest_plugin"]\n'
 USER_TESTS = '''
 from examples.legacy_engine.harness import stale_tail_backend
 from examples.legacy_engine.metadata import ForwardMetadata, prepare_decode_dropping
+from hybridmeta.testing import TailFill
 
 
 def test_stale(replay_check):
-    replay_check(stale_tail_backend)
+    replay_check(stale_tail_backend, fills=[TailFill.ZEROS])
 
 
 def test_flow(field_flow_check):
-    field_flow_check(ForwardMetadata, prepare_decode_dropping)
+    field_flow_check(ForwardMetadata, prepare_decode_dropping,
+                     fields=("has_mamba_track_mask", "draft_token_num"))
 
 
 def test_profile(hybridmeta_settings, hybridmeta_device):

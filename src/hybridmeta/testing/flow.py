@@ -332,48 +332,66 @@ def check_field_flow(
         {f.name: f.default for f in class_fields(derived)} if derived is not None else None
     )
     derived_name = derived.__qualname__ if derived is not None else "?"
-    def make_prop(name: str, target: str, last: list[FlowFailure]) -> Callable[[Any], None]:
+    def check(src: Any, out: Any, name: str) -> FlowFailure | None:
+        nonlocal derived_defaults, derived_name
+        if derived_defaults is None:
+            derived_defaults = {f.name: f.default for f in class_fields(type(out))}
+            derived_name = type(out).__qualname__
+        target = renames.get(name, name)
+        sv = getattr(src, name)
+        if not hasattr(out, target):
+            return FlowFailure(name, _short(sv), "<absent>", False, repr(src))
+        dv = getattr(out, target)
+        if _reaches(sv, dv):
+            return None
+        default = derived_defaults.get(target, _NO_DEFAULT)
+        return FlowFailure(name, _short(sv), _short(dv), _same_default(dv, default), repr(src))
+
+    def one_field(name: str, last: list[FlowFailure]) -> Callable[[Any], None]:
         def prop(src: Any) -> None:
-            nonlocal derived_defaults, derived_name
-            out = construct(src)
-            if derived_defaults is None:
-                derived_defaults = {f.name: f.default for f in class_fields(type(out))}
-                derived_name = type(out).__qualname__
-            sv = getattr(src, name)
-            if not hasattr(out, target):
-                fail = FlowFailure(name, _short(sv), "<absent>", False, repr(src))
-            else:
-                dv = getattr(out, target)
-                if _reaches(sv, dv):
-                    return
-                default = derived_defaults.get(target, _NO_DEFAULT)
-                fail = FlowFailure(name, _short(sv), _short(dv), _same_default(dv, default),
-                                   repr(src))  # fmt: skip
-            last.append(fail)
-            raise AssertionError(fail.field)
+            fail = check(src, construct(src), name)
+            if fail is not None:
+                last.append(fail)
+                raise AssertionError(name)
 
         return prop
 
-    def all_fields(src: Any) -> None:
-        for name in names:
-            make_prop(name, renames.get(name, name), [])(src)
+    def all_fields(remaining: list[str], seen: dict[str, FlowFailure]) -> Callable[[Any], None]:
+        def prop(src: Any) -> None:
+            out = construct(src)
+            bad = {n: f for n in remaining if (f := check(src, out, n)) is not None}
+            for n, f in bad.items():
+                seen.setdefault(n, f)
+            if bad:
+                raise AssertionError(", ".join(bad))
 
-    failures: list[FlowFailure] = []
-    try:
-        # One search over all fields first: a clean constructor costs one run, not one per field.
-        run_settings(given(sources)(all_fields))()
-        names_to_search: list[str] = []
-    except AssertionError:
-        names_to_search = names
-    for name in names_to_search:
-        last: list[FlowFailure] = []
-        test = given(sources)(make_prop(name, renames.get(name, name), last))
+        return prop
+
+    # One search over all remaining fields at a time: a clean constructor costs one run.
+    # Fields seen failing get a search of their own (each shrunk and reported); the rest
+    # are searched again together, until a combined search passes.
+    found: dict[str, FlowFailure] = {}
+    remaining = list(names)
+    while remaining:
+        seen: dict[str, FlowFailure] = {}
         try:
-            run_settings(test)()
+            run_settings(given(sources)(all_fields(remaining, seen)))()
+            break
         except AssertionError:
-            if not last:
+            if not seen:
                 raise
-            failures.append(last[-1])
+        for name in [n for n in remaining if n in seen]:
+            last: list[FlowFailure] = []
+            try:
+                run_settings(given(sources)(one_field(name, last)))()
+            except AssertionError:
+                if not last:
+                    raise
+                found[name] = last[-1]
+            else:  # not found again on its own: report the (unshrunk) example seen
+                found[name] = seen[name]
+        remaining = [n for n in remaining if n not in seen]
+    failures = [found[n] for n in names if n in found]
     return FlowReport(
         source=source.__qualname__,
         derived=derived_name,
