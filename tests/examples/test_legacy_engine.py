@@ -41,6 +41,10 @@ def test_fixed_engine_passes_the_replay_harness() -> None:
     check_replay(fixed_backend, settings=_CI)
 
 
+def test_fixed_engine_passes_with_pad_rows_among_live_rows() -> None:
+    check_replay(fixed_backend, settings=settings(_CI, max_examples=20), pad_rows=True)
+
+
 def test_dropped_field_is_invisible_to_replay_but_found_by_the_flow_checker() -> None:
     # Graph and eager path share the constructor, so they agree with each other ...
     check_replay(dropped_field_backend, settings=settings(_CI, max_examples=10))

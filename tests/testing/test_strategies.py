@@ -8,11 +8,12 @@ import torch
 from hypothesis import find, given
 from hypothesis import strategies as st
 
-from hybridmeta import ForwardMetadata, Mamba2Metadata, fields_of
+from hybridmeta import ForwardMetadata, Mamba2Metadata
 from hybridmeta.testing import (
     Batch,
     DraftTree,
     TailFill,
+    _schema,
     batches,
     draft_trees,
     fill_tail,
@@ -123,14 +124,15 @@ def test_metadata_instances_follow_the_declarations(md: ForwardMetadata) -> None
     assert type(md) is ForwardMetadata
     bs = md.mamba_cache_indices.shape[0]
     assert 1 <= bs <= 4
-    for spec in fields_of(ForwardMetadata):
+    # Declarations read through the testing package's one adapter over FieldSpec.
+    for spec in _schema.fields(ForwardMetadata):
         v = getattr(md, spec.name)
         if not spec.is_tensor or v is None:
             continue
         assert spec.dtypes is None or v.dtype in spec.dtypes, spec.name
-        if spec.rows == "batch":
+        if spec.rows == _schema.Rows("batch"):
             assert v.shape[0] == bs, spec.name
-        if spec.rows == "batch+1":
+        if spec.rows == _schema.Rows("batch", 1):
             assert v.shape[0] == bs + 1
             assert bool((v[1:] >= v[:-1]).all()) and int(v[0]) == 0, "offsets"
     assert int(md.mamba_cache_indices.min()) >= -1
