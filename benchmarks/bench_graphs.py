@@ -143,7 +143,7 @@ class _DecodeLayer:
         }
 
     def step(self, md: Mamba2Metadata, ins: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        from hybridmeta.kernels.ops import ssm_state_update_from_metadata
+        from hybridmeta.kernels import ssm_state_update_from_metadata
 
         y = ssm_state_update_from_metadata(
             md, self.state, ins["x"], ins["dt"], self.A, ins["B"], ins["C"],

@@ -283,7 +283,7 @@ def bench_conv(ceiling: float) -> list[dict[str, Any]]:
 
 def host_overhead() -> dict[str, float]:
     """Host microseconds per call (200 back-to-back calls of tiny problems, one sync)."""
-    import hybridmeta.kernels.ops as ops
+    import hybridmeta.kernels._dispatch as ops
 
     def per_call(fn: Callable[[], Any], n: int = 200) -> float:
         for _ in range(10):

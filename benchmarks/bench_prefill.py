@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,17 +35,18 @@ if not torch.cuda.is_available():
     # kernel is decorated (the import below).
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from hybridmeta.prefill import (
+from hybridmeta import Mamba2Metadata, plan_mixed_batch
+from hybridmeta.kernels import (
+    Impl,
     SSMParams,
     causal_conv1d_prefill,
     extend_track_save,
-    plan_mixed_batch,
     split_xbc,
     ssd_chunked_scan,
-    ssd_chunked_scan_triton,
 )
-from hybridmeta.prefill.oracle import oracle_layer
-from hybridmeta.prefill.planner import PrefillPlan
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' oracle
+from tests.oracle import oracle_layer
 
 NANO_9B = {"nheads": 128, "headdim": 80, "dstate": 128, "ngroups": 8, "conv_kernel": 4}
 SMALL = {"nheads": 4, "headdim": 8, "dstate": 8, "ngroups": 2, "conv_kernel": 4}
@@ -111,7 +113,7 @@ class Layer:
 
 def _plan(
     lens: list[int], prefix: list[int], chunk: int, interval: int, K: int, device: torch.device
-) -> PrefillPlan:
+) -> Mamba2Metadata:
     n = len(lens)
     return plan_mixed_batch(
         extend_lens=lens,
@@ -129,18 +131,20 @@ def _plan(
 
 def _forward(
     layer: Layer,
-    plan: PrefillPlan,
+    md: Mamba2Metadata,
     xbc: torch.Tensor,
     dt: torch.Tensor,
-    scan_fn: Callable[..., Any] = ssd_chunked_scan,
+    impl: Impl = "reference",
     track: bool = True,
 ) -> Any:
-    conv = causal_conv1d_prefill(xbc, layer.w, layer.b, plan=plan, conv_state=layer.conv_pool)
+    conv = causal_conv1d_prefill(xbc, layer.w, layer.b, md=md, conv_state=layer.conv_pool)
     x, B, C = layer.split(conv.out)
-    scan = scan_fn(x, dt, B, C, params=layer.params, plan=plan, ssm_state=layer.ssm_pool)
+    scan = ssd_chunked_scan(
+        x, dt, B, C, params=layer.params, md=md, ssm_state=layer.ssm_pool, impl=impl
+    )
     if track:
         extend_track_save(
-            plan,
+            md,
             xbc=xbc,
             conv=conv,
             scan=scan,
@@ -151,7 +155,7 @@ def _forward(
 
 
 def _oracle_error(
-    layer: Layer, chunk: int, device: torch.device, scan_fn: Callable[..., Any], n_tok: int
+    layer: Layer, chunk: int, device: torch.device, impl: Impl, n_tok: int
 ) -> float:
     """Max |y - oracle| on a two-row slice (second row resumes from a state)."""
     lens = [n_tok // 2 + 3, n_tok - n_tok // 2 - 3]
@@ -174,20 +178,20 @@ def _oracle_error(
         ngroups=s["ngroups"],
         dstate=s["dstate"],
     )
-    scan = _forward(layer, plan, layer.xbc[:n_tok], layer.dt[:n_tok], scan_fn, track=False)
+    scan = _forward(layer, plan, layer.xbc[:n_tok], layer.dt[:n_tok], impl, track=False)
     layer.conv_pool.copy_(pool_c)
     layer.ssm_pool.copy_(pool_s)
     ref = torch.cat([r.y for r in rows])
     return float((scan.y.float().cpu() - ref).abs().max())
 
 
-def _scan_variants() -> dict[str, Callable[..., Any]]:
-    return {"torch": ssd_chunked_scan, "triton": ssd_chunked_scan_triton}
+def _scan_variants() -> dict[str, Impl]:
+    return {"torch": "reference", "triton": "triton"}
 
 
 def _bench_case(
     layer: Layer,
-    variants: dict[str, Callable[..., Any]],
+    variants: dict[str, Impl],
     name: str,
     lens: list[int],
     prefix: list[int],
@@ -208,22 +212,24 @@ def _bench_case(
         "tokens": T,
         "rows": len(lens),
         "planner_host_us": plan_us,
-        "logical_chunks": plan.num_logical_chunks,
+        "logical_chunks": plan.mixed.chunks.num_logical if plan.mixed is not None else 0,
         "track_entries": {
-            "final": len(plan.track.final_rows),
-            "h": len(plan.track.h_rows),
-            "recompute": len(plan.track.recompute_rows),
+            "final": int(plan.mamba_track_mask.sum()) if plan.mamba_track_mask is not None else 0,
+            "h": plan.mixed.track.num_h if plan.mixed is not None else 0,
+            "recompute": plan.mixed.track.num_recompute if plan.mixed is not None else 0,
         },
     }
-    conv = causal_conv1d_prefill(xbc, layer.w, layer.b, plan=plan, conv_state=layer.conv_pool)
+    conv = causal_conv1d_prefill(xbc, layer.w, layer.b, md=plan, conv_state=layer.conv_pool)
     x, B, C = layer.split(conv.out)
-    for vname, fn in variants.items():
+    for vname, impl in variants.items():
 
-        def layer_fwd(fn: Callable[..., Any] = fn) -> None:
-            _forward(layer, plan, xbc, dt, fn)
+        def layer_fwd(impl: Impl = impl) -> None:
+            _forward(layer, plan, xbc, dt, impl)
 
-        def scan_only(fn: Callable[..., Any] = fn) -> None:
-            fn(x, dt, B, C, params=layer.params, plan=plan, ssm_state=layer.ssm_pool)
+        def scan_only(impl: Impl = impl) -> None:
+            ssd_chunked_scan(
+                x, dt, B, C, params=layer.params, md=plan, ssm_state=layer.ssm_pool, impl=impl
+            )
 
         us = _time(layer_fwd, device, reps)
         entry[f"{vname}_layer_us"] = us
@@ -231,7 +237,7 @@ def _bench_case(
         entry[f"{vname}_scan_only_us"] = _time(scan_only, device, reps)
 
     def conv_only() -> None:
-        causal_conv1d_prefill(xbc, layer.w, layer.b, plan=plan, conv_state=layer.conv_pool)
+        causal_conv1d_prefill(xbc, layer.w, layer.b, md=plan, conv_state=layer.conv_pool)
 
     entry["conv_only_us"] = _time(conv_only, device, reps)
     if "triton" in variants:
@@ -290,7 +296,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "cases": [],
     }
     n_check = 96 if use_gpu else 40
-    variants: dict[str, Callable[..., Any]] = {}
+    variants: dict[str, Impl] = {}
     result["max_abs_err_vs_oracle"] = {}
     for vname, fn in _scan_variants().items():
         try:
@@ -303,7 +309,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     oracle_tokens = 16 if use_gpu else 24
     t0 = time.perf_counter()
-    _oracle_error(layer, chunk, device, ssd_chunked_scan, oracle_tokens)
+    _oracle_error(layer, chunk, device, "reference", oracle_tokens)
     oracle_s = time.perf_counter() - t0
     result["oracle_tokens_per_s"] = oracle_tokens / oracle_s
 

@@ -5,21 +5,22 @@ from __future__ import annotations
 import inspect
 import linecache
 import traceback
+from typing import Any
 
 import attrs
 import pytest
 import torch
 
 from hybridmeta import Mamba2Metadata, debug_mode, fields_of, is_derived, metadata, source_of
-from hybridmeta.core import BOOL, INDEX, Pad, field, tensor_field
+from hybridmeta.core import BATCH, BOOL, INDEX, Dim, Pad, Role, check_values, field, tensor_field
 
 
 @metadata
 class _Root:
-    slots: torch.Tensor = tensor_field(rows="batch", dtypes=INDEX, pad=Pad.value(-1))
-    offsets: torch.Tensor = tensor_field(rows="batch+1", dtypes=INDEX, pad=Pad.CUMULATIVE)
+    slots: torch.Tensor = tensor_field(rows=BATCH, dtypes=INDEX, pad=Pad.value(-1))
+    offsets: torch.Tensor = tensor_field(rows=BATCH + 1, dtypes=INDEX, pad=Pad.CUMULATIVE)
     mask: torch.Tensor | None = tensor_field(
-        rows="batch", dtypes=BOOL, pad=Pad.value(False), default=None
+        rows=BATCH, dtypes=BOOL, pad=Pad.value(False), default=None
     )
     label: str = "root"
 
@@ -108,7 +109,7 @@ def test_validation_names_field_and_rule() -> None:
         _Root(slots=torch.zeros(3), offsets=torch.arange(4))
     with pytest.raises(
         ValueError,
-        match=r"_Root\.offsets has 3 rows but its rows are 'batch\+1' and slots implies 4",
+        match=r"_Root\.offsets has 3 rows but its rows are BATCH \+ 1 and slots implies 4",
     ):
         _Root(slots=torch.arange(3), offsets=torch.arange(3))
     with pytest.raises(ValueError, match=r"_Root\.mask has 2 rows"):
@@ -130,7 +131,7 @@ def test_debug_checks_run_only_in_debug_mode() -> None:
 
     @metadata
     class _Checked:
-        slots: torch.Tensor = tensor_field(rows="batch", dtypes=INDEX, pad=Pad.value(-1))
+        slots: torch.Tensor = tensor_field(rows=BATCH, dtypes=INDEX, pad=Pad.value(-1))
         n: int = field(default=0)
 
         def __validate_debug__(self) -> None:
@@ -154,3 +155,193 @@ def test_post_init_is_reserved() -> None:
 
             def __attrs_post_init__(self) -> None:
                 pass
+
+
+# ----------------------------------------------------------------------- the schema
+
+
+def test_rows_are_typed_and_strings_are_refused() -> None:
+    assert repr(BATCH + 1) == "BATCH + 1"
+    assert (BATCH + 1).of(3) == 4
+    with pytest.raises(TypeError, match="rows must be a Dim"):
+        tensor_field(rows="batch", dtypes=INDEX, pad=Pad.value(-1))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"needs a pad rule: per-row fields are bufferable"):
+        tensor_field(rows=BATCH, dtypes=INDEX)
+
+
+def test_roles_are_checked_at_declaration() -> None:
+    with pytest.raises(TypeError, match="slot fields hold int32/int64 ids padded with -1"):
+        tensor_field(rows=BATCH, dtypes=INDEX, pad=Pad.value(0), role=Role.WORKING_SLOT)
+    with pytest.raises(TypeError, match="a mask has dtypes=BOOL"):
+        tensor_field(rows=BATCH, dtypes=INDEX, pad=Pad.value(-1), role=Role.TRACK_MASK)
+    with pytest.raises(TypeError, match="is a tensor-field role"):
+        field(default=False, role=Role.WORKING_SLOT)
+    with pytest.raises(TypeError, match="is a host-field role"):
+        tensor_field(dtypes=INDEX, role=Role.SUBSUMED_FLAG)
+
+
+@metadata
+class _Cols:
+    n: int = field(default=1)
+    tree: torch.Tensor | None = tensor_field(
+        rows=BATCH, cols="n", dtypes=INDEX, pad=Pad.value(-1), default=None
+    )
+
+
+def test_cols_name_a_host_field_and_are_checked() -> None:
+    assert fields_of(_Cols)[1].ndim == 2
+    _Cols(n=3, tree=torch.zeros(2, 3, dtype=torch.int64))
+    with pytest.raises(ValueError, match=r"_Cols\.tree has 2 columns but its columns are n = 3"):
+        _Cols(n=3, tree=torch.zeros(2, 2, dtype=torch.int64))
+    with pytest.raises(TypeError, match=r"cols='missing' must name an int host field"):
+
+        @metadata
+        class _Bad:
+            t: torch.Tensor = tensor_field(cols="missing", dtypes=INDEX)
+
+
+@metadata
+class _Governed:
+    slots: torch.Tensor = tensor_field(rows=BATCH, dtypes=INDEX, pad=Pad.value(-1))
+    mask: torch.Tensor | None = tensor_field(
+        rows=BATCH, dtypes=BOOL, pad=Pad.value(False), default=None
+    )
+    track: torch.Tensor | None = tensor_field(
+        rows=BATCH, dtypes=INDEX, pad=Pad.value(-1), default=None
+    )
+    use: bool = field(default=False, governs=("mask", "track"), required_when_set=True)
+
+
+@metadata
+class _GovernedDerived(_Governed):
+    extra: int
+
+
+def test_a_governing_flag_must_be_stated_beside_its_data() -> None:
+    mask, track = torch.tensor([True]), torch.tensor([3])
+    assert _Governed(slots=torch.tensor([0])).use is False  # no data: the default applies
+    assert _Governed(slots=torch.tensor([0]), mask=mask, track=track, use=False).use is False
+    with pytest.raises(ValueError, match=r"_Governed\.use must be stated explicitly when mask"):
+        _Governed(slots=torch.tensor([0]), mask=mask, track=track)
+    with pytest.raises(ValueError, match=r"_Governed\.mask and track are given together"):
+        _Governed(slots=torch.tensor([0]), mask=mask, use=True)
+    with pytest.raises(ValueError, match=r"_Governed\.use is set, so mask and track are required"):
+        _Governed(slots=torch.tensor([0]), use=True)
+    with pytest.raises(TypeError, match="a governing flag needs a default"):
+        field(governs=("mask",))
+
+
+def test_evolve_from_that_changes_governed_data_must_restate_the_flag() -> None:
+    src = _Governed(slots=torch.tensor([0]))
+    mask, track = torch.tensor([True]), torch.tensor([3])
+    with pytest.raises(TypeError, match="changes mask / track, which use governs; pass use"):
+        _GovernedDerived.evolve_from(src, extra=1, mask=mask, track=track)
+    d = _GovernedDerived.evolve_from(src, extra=1, mask=mask, track=track, use=True)
+    assert d.use is True and d.mask is mask
+
+
+def test_derived_class_may_declare_checked_tensor_fields() -> None:
+    @metadata
+    class _D(_Root):
+        rows_plan: torch.Tensor = tensor_field(rows=BATCH, dtypes=INDEX, pad=Pad.value(-1))
+
+    r = _root(3)
+    d = _D.evolve_from(r, rows_plan=torch.arange(3))
+    assert d.rows_plan.shape == (3,)
+    with pytest.raises(ValueError, match=r"_D\.rows_plan has 2 rows but its rows are BATCH"):
+        _D.evolve_from(r, rows_plan=torch.arange(2))
+
+
+def test_an_undecorated_class_in_between_is_refused() -> None:
+    class _Mid(_Root):
+        pass
+
+    with pytest.raises(TypeError, match=r"its base .*_Mid subclasses a metadata class but is not"):
+
+        @metadata
+        class _D(_Mid):
+            extra: int
+
+
+@metadata
+class _Slots:
+    offsets: torch.Tensor = tensor_field(rows=BATCH + 1, dtypes=INDEX, pad=Pad.CUMULATIVE)
+    work: torch.Tensor = tensor_field(
+        rows=BATCH, dtypes=INDEX, pad=Pad.value(-1), role=Role.WORKING_SLOT
+    )
+    track: torch.Tensor = tensor_field(
+        rows=BATCH, dtypes=INDEX, pad=Pad.value(-1), role=Role.TRACK_SLOT
+    )
+    mask: torch.Tensor = tensor_field(
+        rows=BATCH, dtypes=BOOL, pad=Pad.value(False), role=Role.TRACK_MASK
+    )
+
+
+def _slots(**kw: list[int] | list[bool]) -> _Slots:
+    base: dict[str, list[int] | list[bool]] = {
+        "offsets": [0, 1, 2],
+        "work": [3, 4],
+        "track": [5, -1],
+        "mask": [True, False],
+    }
+    base.update(kw)
+    return _Slots(**{k: torch.tensor(v) for k, v in base.items()})
+
+
+@pytest.mark.parametrize(
+    ("kw", "opts", "message"),
+    [
+        ({"offsets": [1, 2, 3]}, {}, r"_Slots\.offsets must start at 0"),
+        ({"offsets": [0, 2, 1]}, {}, r"_Slots\.offsets must be non-decreasing"),
+        ({"work": [3, -2]}, {}, r"_Slots\.work must be -1 \(pad\) or a slot >= 0; row 1 holds -2"),
+        ({"work": [3, 9]}, {"num_slots": 8}, r"work must be .* < num_slots=8; row 1 holds 9"),
+        ({"track": [9, -1]}, {"num_slots": 8}, r"_Slots\.track must be .* row 0 holds 9"),
+        ({"work": [3, 3]}, {}, r"_Slots\.work has a duplicate slot"),
+        ({"work": [3, -1]}, {"live": True}, r"holds the pad value -1 in live row 1"),
+        ({"track": [-1, -1]}, {}, r"_Slots\.track is -1 \(none\) in a row whose mask is set"),
+        ({"track": [5, 5], "mask": [True, True]}, {}, r"duplicate track slot"),
+        ({"track": [4, -1]}, {"physical": True}, r"slot 4 of a tracked row is also the work"),
+    ],
+)
+def test_declared_value_checks(kw: dict[str, Any], opts: dict[str, Any], message: str) -> None:
+    md = _slots(**kw)  # construction outside debug mode reads no device value
+    with pytest.raises(ValueError, match=message):
+        check_values(md, **opts)
+    if not opts:
+        with debug_mode(), pytest.raises(ValueError, match=message):
+            _slots(**kw)
+
+
+def test_declared_value_checks_pass_on_valid_metadata() -> None:
+    md = _slots(work=[3, -1])  # a pad row
+    check_values(md, num_slots=8, physical=True)
+    # a track slot equal to a working slot is not judged without physical ids
+    check_values(_slots(track=[4, -1]))
+    with debug_mode():
+        _slots(track=[4, -1])
+
+
+def test_a_user_dim_binds_its_own_length() -> None:
+    experts = Dim("experts")
+
+    @metadata
+    class _E:
+        a: torch.Tensor = tensor_field(rows=experts, dtypes=INDEX)
+        b: torch.Tensor = tensor_field(rows=experts + 2, dtypes=INDEX)
+
+    _E(a=torch.arange(3), b=torch.arange(5))
+    with pytest.raises(ValueError, match=r"_E\.b has 4 rows but its rows are EXPERTS \+ 2"):
+        _E(a=torch.arange(3), b=torch.arange(4))
+
+
+def test_paired_roles_are_unique_per_class() -> None:
+    with pytest.raises(TypeError, match=r"at most one field has role Role\.WORKING_SLOT"):
+
+        @metadata
+        class _Two:
+            a: torch.Tensor = tensor_field(
+                rows=BATCH, dtypes=INDEX, pad=Pad.value(-1), role=Role.WORKING_SLOT
+            )
+            b: torch.Tensor = tensor_field(
+                rows=BATCH, dtypes=INDEX, pad=Pad.value(-1), role=Role.WORKING_SLOT
+            )

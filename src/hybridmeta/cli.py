@@ -13,54 +13,68 @@ from collections.abc import Sequence
 
 import torch
 
-from hybridmeta import ForwardMetadata, Mamba2Metadata, fields_of, prepare_decode, prepare_mixed
+from hybridmeta import (
+    ForwardMetadata,
+    Mamba2Metadata,
+    fields_of,
+    plan_mixed_batch,
+    prepare_decode,
+)
 
 
 def _demo() -> int:
     print("hybridmeta: the metadata layer in five steps\n")
-    fwd = ForwardMetadata(
-        query_start_loc=torch.tensor([0, 5, 10, 11, 12], dtype=torch.int32),
-        mamba_cache_indices=torch.tensor([4, 2, 7, 1], dtype=torch.int32),
-        mamba_track_indices=torch.tensor([9, -1, -1, 8], dtype=torch.int32),
-        mamba_track_mask=torch.tensor([True, False, False, True]),
-        has_mamba_track_mask=True,
+    md = plan_mixed_batch(
+        extend_lens=[5, 5, 1, 1],
+        prefix_lens=[0, 3, 7, 15],
+        slots=[4, 2, 7, 1],
+        num_decodes=2,
+        chunk_size=8,
+        conv_kernel=4,
+        track_interval=8,
+        track_mask=[True, False, False, True],
+        track_slots=[9, -1, -1, 8],
     )
     print(
-        f"1. ForwardMetadata with {len(fields_of(ForwardMetadata))} fields; bs=4, two tracked rows"
+        f"1. plan_mixed_batch: {md.num_prefills} prefill rows, {md.num_decodes} decode rows, "
+        f"one staged copy; ForwardMetadata has {len(fields_of(ForwardMetadata))} fields"
     )
-
-    md = prepare_mixed(fwd, extend_seq_lens_cpu=[5, 5], extend_prefix_lens_cpu=[0, 3], chunk_size=8)
-    same = all(getattr(md, s.name) is getattr(fwd, s.name) for s in fields_of(ForwardMetadata))
     print(
-        f"2. Mamba2Metadata.evolve_from: {md.num_prefills} prefills, {md.num_decodes} decodes; "
-        f"every ForwardMetadata field carried over unchanged: {same}; "
-        f"has_mamba_track_mask={md.has_mamba_track_mask} (the field sglang PR #26877 dropped)"
+        f"2. the one carrier: Mamba2Metadata (evolve_from) with has_mamba_track_mask="
+        f"{md.has_mamba_track_mask} (row 3 reaches token 16: saved after the layers); "
+        "every Mamba2 op reads it"
     )
     assert md.mixed is not None
     print(
-        f"   chunk plan for query_start_loc [0, 5, 10], chunk 8: indices "
-        f"{md.mixed.chunk_indices.tolist()}, offsets {md.mixed.chunk_offsets.tolist()}"
+        f"   chunk plan for rows of 5 and 5 tokens, chunk 8: starts "
+        f"{md.mixed.chunks.start.tolist()}, lengths {md.mixed.chunks.length.tolist()}"
     )
-
     try:
-        Mamba2Metadata(query_start_loc=fwd.query_start_loc)  # type: ignore[call-arg]
+        Mamba2Metadata(query_start_loc=md.query_start_loc)  # type: ignore[call-arg]
     except TypeError as e:
         print(f"3. direct construction refused: {e}")
+    fwd = ForwardMetadata(
+        query_start_loc=torch.arange(3, dtype=torch.int32),
+        mamba_cache_indices=torch.tensor([3, 5], dtype=torch.int32),
+    )
     try:
-        Mamba2Metadata.evolve_from(fwd, num_prefills=0, num_prefill_tokens=0, num_decodes=4)  # type: ignore[call-arg]
+        Mamba2Metadata.evolve_from(fwd, num_prefills=0, num_prefill_tokens=0, num_decodes=2)  # type: ignore[call-arg]
     except TypeError as e:
         print(f"4. a forgotten derived field is an error, not a default: {e}")
-
+    try:
+        ForwardMetadata(
+            query_start_loc=torch.arange(3),
+            mamba_cache_indices=torch.tensor([3, 5]),
+            mamba_track_indices=torch.tensor([9, -1]),
+            mamba_track_mask=torch.tensor([True, False]),
+        )
+    except ValueError as e:
+        print(f"   and so is a behaviour flag left to its default beside its data: {e}")
     src = inspect.getsource(Mamba2Metadata.evolve_from).splitlines()
     print(f"5. the generated evolve_from is real source ({len(src)} lines), first lines:")
     for line in src[:3]:
         print(f"     {line[:110]}")
-    dec = prepare_decode(
-        ForwardMetadata(
-            query_start_loc=torch.arange(3, dtype=torch.int32),
-            mamba_cache_indices=torch.tensor([3, -1], dtype=torch.int32),
-        )
-    )
+    dec = prepare_decode(fwd)
     print(f"   decode metadata: num_decodes={dec.num_decodes}, mixed={dec.mixed}")
     return 0
 

@@ -20,7 +20,7 @@ import inspect
 import itertools
 import linecache
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, Final, Literal, TypeVar
+from typing import Any, ClassVar, Final, TypeVar
 
 import attrs
 import torch
@@ -29,12 +29,22 @@ from typing_extensions import dataclass_transform
 from hybridmeta.debug import is_debug
 
 __all__ = [
+    "BATCH",
     "BOOL",
+    "CHUNKS",
     "FLOAT",
     "INDEX",
+    "PHYSICAL_CHUNKS",
+    "PREFILLS",
+    "PREFILL_TOKENS",
+    "TOKENS",
+    "Dim",
     "FieldSpec",
     "Pad",
     "PadRule",
+    "Role",
+    "Rows",
+    "check_values",
     "field",
     "fields_of",
     "is_derived",
@@ -78,6 +88,11 @@ class PadRule:
             "Pad.CUMULATIVE" if self.kind is _PadKind.CUMULATIVE else f"Pad.value({self.value!r})"
         )
 
+    @property
+    def cumulative(self) -> bool:
+        """Whether this is the offsets rule (``Pad.CUMULATIVE``)."""
+        return self.kind is _PadKind.CUMULATIVE
+
 
 class Pad:
     """Pad rules for the fields of static CUDA-graph buffers."""
@@ -90,10 +105,110 @@ class Pad:
         return PadRule(_PadKind.VALUE, v)
 
 
-Rows = Literal["batch", "batch+1", "tokens", "prefills", "prefills+1", "prefill_tokens", "chunks"]
+@attrs.frozen
+class Dim:
+    """A named length that several fields share (``BATCH``: request rows of the forward).
+
+    Every field whose ``rows`` names the same ``Dim`` must agree on construction. ``Dim`` +
+    an int is the :class:`Rows` of an offsets array (``BATCH + 1``).
+    """
+
+    name: str
+
+    def __add__(self, offset: int) -> Rows:
+        return Rows(self, offset)
+
+    def __repr__(self) -> str:
+        return self.name.upper()
 
 
 @attrs.frozen
+class Rows:
+    """The length of dimension 0 of a tensor field: ``dim`` plus ``offset``."""
+
+    dim: Dim
+    offset: int = 0
+
+    def of(self, n: int) -> int:
+        """Rows of the field when ``dim`` has length ``n``."""
+        return n + self.offset
+
+    def __repr__(self) -> str:
+        return repr(self.dim) if not self.offset else f"{self.dim!r} + {self.offset}"
+
+
+#: Request rows of a forward (prefill rows first, decode rows last, pad rows after them).
+BATCH: Final = Dim("batch")
+#: Tokens of a forward (all rows).
+TOKENS: Final = Dim("tokens")
+#: Prefill rows of a mixed forward.
+PREFILLS: Final = Dim("prefills")
+#: Flattened tokens of the prefill rows.
+PREFILL_TOKENS: Final = Dim("prefill_tokens")
+#: Logical chunks of the chunked scan (one per physical chunk and row start).
+CHUNKS: Final = Dim("chunks")
+#: Physical chunks of the scan's global grid over the flattened prefill tokens.
+PHYSICAL_CHUNKS: Final = Dim("physical_chunks")
+
+
+class Role(enum.Enum):
+    """What a field means to the static buffers and the debug checks.
+
+    Tensor roles:
+
+    * ``DATA``: no slot semantics (offsets, counts, plans).
+    * ``WORKING_SLOT``: the state-pool slot every live row reads and writes. Sentinel-padded
+      (pad rows hold ``-1``, a live row never does), distinct over live rows, and the one
+      *translated* slot field: with a virtual-to-physical slot table, it holds virtual ids.
+    * ``TRACK_SLOT``: a physical slot a row may save its state into; ``-1`` in a live row
+      means "none".
+    * ``TRACK_MASK``: the rows that save into their ``TRACK_SLOT`` this step.
+    * ``SLOT``: any other state-pool slot id (``-1``: none), physical: range-checked and
+      padded like every slot field, paired with nothing (a second pool's slots, say).
+    * ``ENGINE_ONLY``: carried for the engine; no Mamba2 entry point reads it.
+
+    A class has at most one ``WORKING_SLOT``, one ``TRACK_SLOT`` and one ``TRACK_MASK``:
+    the debug checks pair them.
+
+    Host roles:
+
+    * ``DATA``: frozen at graph capture; a step must match the captured value exactly.
+    * ``SUBSUMED_FLAG``: a bool whose captured ``True`` also serves a ``False`` step (the
+      captured work is masked per row, so with every row unmasked it does nothing).
+    """
+
+    DATA = "data"
+    WORKING_SLOT = "working_slot"
+    TRACK_SLOT = "track_slot"
+    TRACK_MASK = "track_mask"
+    SLOT = "slot"
+    ENGINE_ONLY = "engine_only"
+    SUBSUMED_FLAG = "subsumed_flag"
+
+    @property
+    def is_slot(self) -> bool:
+        """Whether the field holds state-pool slot ids (range-checked against the pool)."""
+        return self in (Role.WORKING_SLOT, Role.TRACK_SLOT, Role.SLOT)
+
+    @property
+    def translated(self) -> bool:
+        """Whether the field holds virtual ids when a slot table is in use."""
+        return self is Role.WORKING_SLOT
+
+    @property
+    def sentinel_padded(self) -> bool:
+        """Whether a live row may never hold the pad value."""
+        return self is Role.WORKING_SLOT
+
+
+_TENSOR_ROLES: Final = frozenset(
+    {Role.DATA, Role.WORKING_SLOT, Role.TRACK_SLOT, Role.TRACK_MASK, Role.SLOT, Role.ENGINE_ONLY}
+)
+_UNIQUE_ROLES: Final = (Role.WORKING_SLOT, Role.TRACK_SLOT, Role.TRACK_MASK)
+_HOST_ROLES: Final = frozenset({Role.DATA, Role.SUBSUMED_FLAG, Role.ENGINE_ONLY})
+
+
+@attrs.frozen(kw_only=True)
 class FieldSpec:
     """What a metadata field declares about itself.
 
@@ -107,49 +222,90 @@ class FieldSpec:
         Whether the field holds a ``torch.Tensor`` (or ``None`` when ``optional``).
     optional : bool
         Whether ``None`` is an accepted value.
-    rows : str or None
-        The symbolic length of dimension 0: ``"batch"`` (one entry per request row),
-        ``"batch+1"`` (offsets over the batch), ``"tokens"``, ... All fields sharing a symbol
-        must agree on construction. ``None``: free length (track plans, index lists).
+    rows : Rows or None
+        The length of dimension 0 (``BATCH``: one entry per request row; ``BATCH + 1``:
+        offsets over the batch; ...). All fields sharing a ``Dim`` must agree on
+        construction. ``None``: free length.
+    cols : str or None
+        Name of the int host field that gives dimension 1 (``"draft_token_num"``).
     dtypes : tuple of torch.dtype or None
         Accepted dtypes (``None``: any).
     pad : PadRule or None
-        Pad rule for static buffers; required for per-row (``"batch"``/``"batch+1"``)
-        tensors, which is what makes them bufferable.
+        Pad rule for static buffers; required for per-row (``BATCH``) tensors, which is
+        what makes them bufferable.
     ndim : int or None
         Required number of dimensions (``None``: any).
+    role : Role
+        What the field means to the buffers and the debug checks.
+    default : object
+        The declared default (``attrs.NOTHING``: none).
+    governs : tuple of str
+        For a host flag: the optional tensor fields whose use it decides. They are given
+        together or not at all, and when they are given the flag must be stated
+        explicitly (its default would silently decide for the caller).
+    required_when_set : bool
+        For a governing flag: ``True`` requires the governed fields.
     """
 
     name: str
     owner: str
     is_tensor: bool
     optional: bool
-    rows: str | None
+    rows: Rows | None
     dtypes: tuple[torch.dtype, ...] | None
     pad: PadRule | None
     ndim: int | None
+    role: Role = Role.DATA
+    cols: str | None = None
+    default: object
+    governs: tuple[str, ...] = ()
+    required_when_set: bool = False
 
     @property
     def per_row(self) -> bool:
         """Whether this field has one entry per request row (a static-buffer field)."""
-        return self.rows in ("batch", "batch+1")
+        return self.rows is not None and self.rows.dim == BATCH
 
 
 @attrs.frozen
 class _TensorDecl:
-    rows: str | None
+    rows: Rows | None
+    cols: str | None
     dtypes: tuple[torch.dtype, ...] | None
     pad: PadRule | None
     optional: bool
     ndim: int | None
+    role: Role
+
+
+@attrs.frozen
+class _HostDecl:
+    role: Role
+    default: object
+    governs: tuple[str, ...]
+    required_when_set: bool
+
+
+class _Unstated:
+    """Placeholder default of a governing flag until the validator resolves it."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<unstated>"
+
+
+_UNSTATED: Final = _Unstated()
 
 
 def tensor_field(
     *,
-    rows: Rows | None = None,
+    rows: Dim | Rows | None = None,
+    cols: str | None = None,
     dtypes: tuple[torch.dtype, ...] | None = None,
     pad: PadRule | None = None,
-    ndim: int | None = 1,
+    ndim: int | None = None,
+    role: Role = Role.DATA,
     optional: bool = False,
     default: Any = attrs.NOTHING,
     doc: str = "",
@@ -158,15 +314,19 @@ def tensor_field(
 
     Parameters
     ----------
-    rows : str, optional
-        Symbolic length of dimension 0 (see :class:`FieldSpec`).
+    rows : Dim or Rows, optional
+        Length of dimension 0 (``BATCH``, ``BATCH + 1``, ``TOKENS``, ...).
+    cols : str, optional
+        Name of an int host field of the class that gives dimension 1 (``"draft_token_num"``).
     dtypes : tuple of torch.dtype, optional
         Accepted dtypes, checked on construction.
     pad : PadRule, optional
-        Pad rule for static CUDA-graph buffers. Required when ``rows`` is ``"batch"`` or
-        ``"batch+1"``.
-    ndim : int or None
-        Required number of dimensions (default 1).
+        Pad rule for static CUDA-graph buffers. Required when ``rows`` is ``BATCH`` or
+        ``BATCH + 1``.
+    ndim : int, optional
+        Required number of dimensions (default 1, or 2 with ``cols``).
+    role : Role
+        The field's role (slot ids, track mask, engine-only, ...).
     optional : bool
         Accept ``None``. Implied by ``default=None``.
     default : None, optional
@@ -174,21 +334,74 @@ def tensor_field(
     doc : str
         Documentation of the field.
     """
-    if rows in ("batch", "batch+1") and pad is None:
+    shape = Rows(rows) if isinstance(rows, Dim) else rows
+    if shape is not None and not isinstance(shape, Rows):
         raise TypeError(
-            f"tensor_field(rows={rows!r}) needs a pad rule: per-row fields are bufferable"
+            f"tensor_field(rows={rows!r}): rows must be a Dim (BATCH, TOKENS, ...) or a Rows "
+            "(BATCH + 1), not a string"
+        )
+    if shape is not None and shape.dim == BATCH and pad is None:
+        raise TypeError(
+            f"tensor_field(rows={shape!r}) needs a pad rule: per-row fields are bufferable"
         )
     if default is not attrs.NOTHING and default is not None:
         raise TypeError("tensor_field: the only accepted default is None")
+    if role not in _TENSOR_ROLES:
+        raise TypeError(f"tensor_field: role {role} is a host-field role")
+    if role.is_slot and (
+        dtypes is None or not set(dtypes) <= set(INDEX) or (pad is not None and pad != Pad.value(-1))
+    ):
+        raise TypeError(
+            f"tensor_field(role={role}): slot fields hold int32/int64 ids padded with -1"
+        )
+    if role is Role.TRACK_MASK and dtypes != BOOL:
+        raise TypeError("tensor_field(role=Role.TRACK_MASK): a mask has dtypes=BOOL")
     decl = _TensorDecl(
-        rows=rows, dtypes=dtypes, pad=pad, optional=optional or default is None, ndim=ndim
+        rows=shape,
+        cols=cols,
+        dtypes=dtypes,
+        pad=pad,
+        optional=optional or default is None,
+        ndim=ndim if ndim is not None else (2 if cols is not None else 1),
+        role=role,
     )
     return attrs.field(default=default, metadata={_SPEC_KEY: decl, "doc": doc})
 
 
-def field(*, default: Any = attrs.NOTHING, doc: str = "") -> Any:
-    """Declare a non-tensor field (Python scalars, nested metadata, host-side tuples)."""
-    return attrs.field(default=default, metadata={"doc": doc})
+def field(
+    *,
+    default: Any = attrs.NOTHING,
+    role: Role = Role.DATA,
+    governs: tuple[str, ...] = (),
+    required_when_set: bool = False,
+    doc: str = "",
+) -> Any:
+    """Declare a non-tensor field (Python scalars, nested metadata, host-side tuples).
+
+    Parameters
+    ----------
+    default : object, optional
+        The default value.
+    role : Role
+        ``Role.SUBSUMED_FLAG`` for a bool whose captured ``True`` serves ``False`` steps.
+    governs : tuple of str
+        Optional tensor fields whose use this flag decides: they come together or not at
+        all, and whenever they are given the flag must be passed explicitly (a clear error
+        naming both otherwise), so its default can never silently decide.
+    required_when_set : bool
+        With ``governs``: a true flag requires the governed fields.
+    doc : str
+        Documentation of the field.
+    """
+    if role not in _HOST_ROLES:
+        raise TypeError(f"field: role {role} is a tensor-field role")
+    if (governs or required_when_set) and default is attrs.NOTHING:
+        raise TypeError("field(governs=...): a governing flag needs a default")
+    decl = _HostDecl(
+        role=role, default=default, governs=tuple(governs), required_when_set=required_when_set
+    )
+    stored_default = _UNSTATED if governs else default
+    return attrs.field(default=stored_default, metadata={_SPEC_KEY: decl, "doc": doc})
 
 
 def _same(a: object, b: object) -> bool:
@@ -299,12 +512,43 @@ def _dtype_names(dtypes: tuple[torch.dtype, ...]) -> str:
 def _make_validator(
     cls: type, specs: tuple[FieldSpec, ...], name: str = "__hm_validate__"
 ) -> Callable[[Any], None]:
-    """Generate ``__hm_validate__(self)``: cheap structural checks of ``specs`` (dtype, ndim,
-    device, row counts), then the class's ``__validate__`` and, in debug mode,
-    ``__validate_debug__`` hooks. No device reads outside debug mode."""
-    ns: dict[str, Any] = {"_err": _validation_error, "_is_debug": is_debug}
+    """Generate ``__hm_validate__(self)``: governing flags first (resolve an unstated flag
+    to its default, refuse it unstated beside its governed data), then cheap structural
+    checks of ``specs`` (dtype, ndim, columns, device, row counts), then the class's
+    ``__validate__`` and, in debug mode, the declared value checks (:func:`check_values`)
+    and the ``__validate_debug__`` hook. No device reads outside debug mode."""
+    ns: dict[str, Any] = {
+        "_err": _validation_error,
+        "_is_debug": is_debug,
+        "_UNSTATED": _UNSTATED,
+        "_check_values": check_values,
+    }
     lines = [f"def {name}(self):", "    _dev = None"]
-    bound: dict[str, str] = {}  # rows symbol -> the first field that binds it
+    for spec in specs:
+        if not spec.governs:
+            continue
+        n = spec.name
+        ns[f"_set_{n}"] = _slot_setter(cls, n)
+        ns[f"_default_{n}"] = spec.default
+        given = ", ".join(f"self.{g} is not None" for g in spec.governs)
+        group = " and ".join(spec.governs)
+        lines += [
+            f"    _g = ({given},)",
+            "    if any(_g) and not all(_g):",
+            f"        raise _err(self, {spec.governs[0]!r}, "
+            f"{'and ' + ', '.join(spec.governs[1:]) + ' are given together or not at all (' + n + ' governs them)'!r})",
+            f"    if self.{n} is _UNSTATED:",
+            "        if _g[0]:",
+            f"            raise _err(self, {n!r}, "
+            f"{'must be stated explicitly when ' + group + ' are given: it decides whether the layers use them, and its default ' + repr(spec.default) + ' would decide silently'!r})",
+            f"        _set_{n}(self, _default_{n})",
+        ]
+        if spec.required_when_set:
+            lines += [
+                f"    elif self.{n} and not _g[0]:",
+                f"        raise _err(self, {n!r}, {'is set, so ' + group + ' are required'!r})",
+            ]
+    bound: dict[str, str] = {}  # dim name -> the first field that binds it
     for spec in specs:
         n = spec.name
         if not spec.is_tensor:
@@ -331,6 +575,12 @@ def _make_validator(
             lines.append(
                 f"{indent}    raise _err(self, {n!r}, 'must have {spec.ndim} dimension(s), got shape ' + str(tuple(v.shape)))"
             )
+        if spec.cols is not None:
+            lines.append(f"{indent}if v.shape[1] != self.{spec.cols}:")
+            lines.append(
+                f"{indent}    raise _err(self, {n!r}, 'has ' + str(v.shape[1]) + "
+                f"' columns but its columns are {spec.cols} = ' + str(self.{spec.cols}))"
+            )
         lines.append(f"{indent}if _dev is None:")
         lines.append(f"{indent}    _dev = v.device; _dev_field = {n!r}")
         lines.append(f"{indent}elif v.device != _dev:")
@@ -338,21 +588,15 @@ def _make_validator(
             f"{indent}    raise _err(self, {n!r}, 'must be on the same device as ' + _dev_field + ' (' + str(_dev) + '), got ' + str(v.device))"
         )
         if spec.rows is not None:
-            sym, _, plus = spec.rows.partition("+")
-            off = int(plus) if plus else 0
+            sym, off = spec.rows.dim.name, spec.rows.offset
             var = f"_rows_{sym}"
             length = f"v.shape[0] - {off}" if off else "v.shape[0]"
             if sym not in bound:
-                # Bind the symbol on the first non-None field that carries it.
-                lines.append(f"{indent}if {var} is None:")
-                lines.append(f"{indent}    {var} = {length}; {var}_field = {n!r}")
-                lines.append(f"{indent}elif {length} != {var}:")
                 lines.insert(1, f"    {var} = None; {var}_field = None")
                 bound[sym] = n
-            else:
-                lines.append(f"{indent}if {var} is None:")
-                lines.append(f"{indent}    {var} = {length}; {var}_field = {n!r}")
-                lines.append(f"{indent}elif {length} != {var}:")
+            lines.append(f"{indent}if {var} is None:")
+            lines.append(f"{indent}    {var} = {length}; {var}_field = {n!r}")
+            lines.append(f"{indent}elif {length} != {var}:")
             lines.append(
                 f"{indent}    raise _err(self, {n!r}, 'has ' + str(v.shape[0]) + "
                 f"{' rows but its rows are ' + repr(spec.rows) + ' and '!r} + {var}_field + "
@@ -360,11 +604,104 @@ def _make_validator(
             )
     if "__validate__" in _all_attrs(cls):
         lines.append("    self.__validate__()")
+    lines.append("    if _is_debug():")
+    lines.append("        _check_values(self)")
     if "__validate_debug__" in _all_attrs(cls):
-        lines.append("    if _is_debug():")
         lines.append("        self.__validate_debug__()")
     lines.append("    return None")
     return _compile(cls, name, lines, ns)
+
+
+def check_values(
+    obj: object,
+    *,
+    num_slots: int | None = None,
+    live: bool = False,
+    physical: bool = False,
+    overrides: Mapping[str, torch.Tensor] | None = None,
+    where: str | None = None,
+) -> None:
+    """The value checks every declaration implies; they read device values (debug only).
+
+    Run on construction in debug mode, and by the static buffers before they write a step.
+
+    * offsets (``Pad.CUMULATIVE``) start at 0 and never decrease;
+    * slot fields (``Role.WORKING_SLOT``, ``Role.TRACK_SLOT``) hold ``-1`` or a slot, below
+      ``num_slots`` when it is given;
+    * working slots are distinct over the rows that hold one, and with ``live`` (every row
+      is a live row: a step before padding) no row holds the pad;
+    * a row whose ``Role.TRACK_MASK`` is set has a track slot, and track slots of such rows
+      are distinct;
+    * with ``physical`` (the ids are pool slots, not virtual ids of a slot table) a
+      tracked row's track slot is not the working slot of any row: the save would
+      overwrite live state. This comparison needs both fields in one id space, so it runs
+      only where the translation is known (the static buffers, the planner, the ops).
+
+    ``overrides`` replaces fields' values for the checks (the static buffers pass the
+    physical ids of translated fields).
+
+    Raises
+    ------
+    ValueError
+        ``"<where or Class>.<field> <rule>"``.
+    """
+    specs = fields_of(type(obj))
+    prefix = where if where is not None else type(obj).__qualname__
+
+    def fail(name: str, rule: str) -> ValueError:
+        return ValueError(f"{prefix}.{name} {rule}")
+
+    working: tuple[str, torch.Tensor] | None = None
+    track: tuple[str, torch.Tensor] | None = None
+    mask: tuple[str, torch.Tensor] | None = None
+    swap = overrides or {}
+    for spec in specs:
+        if not spec.is_tensor:
+            continue
+        v = swap[spec.name] if spec.name in swap else getattr(obj, spec.name)
+        if v is None or v.numel() == 0:
+            continue
+        if spec.pad is not None and spec.pad.cumulative:
+            if int(v[0]) != 0:
+                raise fail(spec.name, f"must start at 0, got {int(v[0])}")
+            if bool((v[1:] < v[:-1]).any()):
+                raise fail(spec.name, "must be non-decreasing (offsets)")
+        if spec.role.is_slot:
+            bound = "" if num_slots is None else f" and < num_slots={num_slots}"
+            bad = (v < -1) if num_slots is None else (v < -1) | (v >= num_slots)
+            if bool(bad.any()):
+                r = int(bad.nonzero()[0, 0])
+                raise fail(spec.name, f"must be -1 (pad) or a slot >= 0{bound}; row {r} holds {int(v[r])}")
+        if spec.role is Role.WORKING_SLOT:
+            working = (spec.name, v)
+            if live and bool((v < 0).any()):
+                r = int((v < 0).nonzero()[0, 0])
+                raise fail(spec.name, f"holds the pad value -1 in live row {r} (live rows must be slots)")
+            held = v[v >= 0]
+            if torch.unique(held).numel() != held.numel():
+                raise fail(spec.name, "has a duplicate slot: two rows would update one state")
+        elif spec.role is Role.TRACK_SLOT:
+            track = (spec.name, v)
+        elif spec.role is Role.TRACK_MASK:
+            mask = (spec.name, v)
+    if track is None or mask is None:
+        return
+    tname, t = track
+    mname, m = mask
+    tracked = t[m.bool()]
+    if bool((tracked < 0).any()):
+        raise fail(tname, f"is -1 (none) in a row whose {mname} is set")
+    if torch.unique(tracked).numel() != tracked.numel():
+        raise fail(tname, f"has a duplicate track slot among rows whose {mname} is set")
+    if physical and working is not None:
+        wname, w = working
+        clash = torch.isin(tracked, w[w >= 0])
+        if bool(clash.any()):
+            raise fail(
+                tname,
+                f"slot {int(tracked[clash][0])} of a tracked row is also the {wname} of a "
+                "row: saving into it would overwrite live state",
+            )
 
 
 def _all_attrs(cls: type) -> set[str]:
@@ -422,6 +759,13 @@ def _missing_fields(cls: type, missing: list[str]) -> TypeError:
     )
 
 
+def _unstated_flag(cls: type, flag: str, governed: tuple[str, ...]) -> TypeError:
+    return TypeError(
+        f"{cls.__qualname__}.evolve_from: changes {' / '.join(governed)}, which {flag} governs; "
+        f"pass {flag} explicitly too (the source's value was decided for other data)"
+    )
+
+
 def _refuse_init(cls: type, source: type) -> Callable[..., None]:
     def __init__(self: object, *args: object, **kwargs: object) -> None:
         raise TypeError(
@@ -473,6 +817,14 @@ def _make_evolve_from(
         lines.append(
             f"        raise _missing_fields(_Cls, [k for k, v in ({names_list},) if v is _MISSING])"
         )
+    for spec in fields_of(source):
+        if spec.governs:
+            changed = " or ".join(f"{g} is not _MISSING" for g in spec.governs)
+            ns["_unstated_flag"] = _unstated_flag
+            lines.append(f"    if ({changed}) and {spec.name} is _MISSING:")
+            lines.append(
+                f"        raise _unstated_flag(_Cls, {spec.name!r}, {spec.governs!r})"
+            )
     lines.append("    _changed = False")
     for n in source_names:
         lines.append(f"    if {n} is _MISSING:")
@@ -521,6 +873,14 @@ def metadata(cls: type[_T]) -> type[_T]:
       defaults (each must be passed to ``evolve_from``);
     * single inheritance from at most one metadata class.
     """
+    for base in cls.__mro__[1:-1]:
+        if not _is_metadata_class(base) and any(_is_metadata_class(b) for b in base.__mro__):
+            raise TypeError(
+                f"{cls.__qualname__}: its base {base.__qualname__} subclasses a metadata class "
+                "but is not decorated with @metadata; an undecorated class in between would "
+                "make this class a root with public construction (and drop the evolve_from "
+                "guarantee). Decorate it, or derive from the metadata class directly"
+            )
     meta_bases = [b for b in cls.__bases__ if _is_metadata_class(b)]
     if len(meta_bases) > 1:
         raise TypeError(f"{cls.__qualname__}: a metadata class derives from at most one source")
@@ -534,7 +894,7 @@ def metadata(cls: type[_T]) -> type[_T]:
                     f"{cls.__qualname__}.{name}: redeclares a field of its source "
                     f"{source.__qualname__}; a derived class only adds fields"
                 )
-            if name in cls.__dict__:
+            if _declared_default(cls.__dict__.get(name, attrs.NOTHING)) is not attrs.NOTHING:
                 raise TypeError(
                     f"{cls.__qualname__}.{name}: a field of a derived metadata class takes no "
                     "default; evolve_from requires it (pass None explicitly for an optional one)"
@@ -562,6 +922,7 @@ def metadata(cls: type[_T]) -> type[_T]:
                 "silently re-defaults them, and evolve_from would too)"
             )
     specs = tuple(_spec_of(new_cls, a, source) for a in attrs.fields(new_cls))  # type: ignore[arg-type]
+    _check_declarations(new_cls, specs)
     source_names = tuple(s.name for s in fields_of(source)) if source is not None else ()
     derived_names = tuple(s.name for s in specs if s.name not in source_names)
     setattr(
@@ -595,6 +956,43 @@ def _post_init_placeholder(self: object) -> None:  # replaced once the class is 
     raise AssertionError("unreachable")
 
 
+def _declared_default(value: object) -> object:
+    """The default a class-body value declares (``attrs.NOTHING``: none)."""
+    if type(value).__name__ == "_CountingAttr":  # attrs.field(...) / tensor_field(...)
+        default = getattr(value, "_default", attrs.NOTHING)
+        decl = getattr(value, "metadata", {}).get(_SPEC_KEY)
+        if isinstance(decl, _HostDecl):
+            return decl.default
+        return default
+    return value
+
+
+def _check_declarations(cls: type, specs: tuple[FieldSpec, ...]) -> None:
+    by_name = {s.name: s for s in specs}
+    for role in _UNIQUE_ROLES:
+        named = [s.name for s in specs if s.role is role]
+        if len(named) > 1:
+            raise TypeError(
+                f"{cls.__qualname__}: at most one field has role {role} (the debug checks "
+                f"pair it), got {named}; declare the others Role.SLOT"
+            )
+    for s in specs:
+        if s.cols is not None:
+            col = by_name.get(s.cols)
+            if col is None or col.is_tensor:
+                raise TypeError(
+                    f"{cls.__qualname__}.{s.name}: cols={s.cols!r} must name an int host field "
+                    f"of {cls.__qualname__}"
+                )
+        for g in s.governs:
+            target = by_name.get(g)
+            if target is None or not target.is_tensor or not target.optional:
+                raise TypeError(
+                    f"{cls.__qualname__}.{s.name}: governs={g!r} must name an optional tensor "
+                    f"field of {cls.__qualname__}"
+                )
+
+
 def _spec_of(cls: type, a: attrs.Attribute[Any], source: type | None) -> FieldSpec:
     owner = cls.__qualname__
     if source is not None:
@@ -612,7 +1010,11 @@ def _spec_of(cls: type, a: attrs.Attribute[Any], source: type | None) -> FieldSp
             dtypes=decl.dtypes,
             pad=decl.pad,
             ndim=decl.ndim,
+            role=decl.role,
+            cols=decl.cols,
+            default=a.default,
         )
+    host = decl if isinstance(decl, _HostDecl) else None
     return FieldSpec(
         name=a.name,
         owner=owner,
@@ -622,4 +1024,8 @@ def _spec_of(cls: type, a: attrs.Attribute[Any], source: type | None) -> FieldSp
         dtypes=None,
         pad=None,
         ndim=None,
+        role=host.role if host is not None else Role.DATA,
+        default=host.default if host is not None else a.default,
+        governs=host.governs if host is not None else (),
+        required_when_set=host.required_when_set if host is not None else False,
     )

@@ -1,10 +1,14 @@
-"""The Mamba2 metadata model of a hybrid backend.
+"""The Mamba2 metadata model of a hybrid backend: the one carrier.
 
 ``ForwardMetadata`` is what the engine's scheduler produces for one forward.
 ``Mamba2Metadata`` derives from it and is built only through
-``Mamba2Metadata.evolve_from`` (here: :func:`prepare_decode`,
-:func:`prepare_target_verify`, :func:`prepare_mixed`), so every ``ForwardMetadata`` field
-reaches the Mamba2 layers, including ones added later.
+``Mamba2Metadata.evolve_from`` (here: :func:`prepare_decode`, :func:`prepare_target_verify`
+and the mixed-batch planner, :mod:`hybridmeta.planner`), so every ``ForwardMetadata``
+field reaches the Mamba2 layers, including ones added later. Every tensor and flag a
+Mamba2 entry point reads (prefill scan, prefill conv, extend track-save, decode update,
+conv update, decode track-save, verify) arrives inside one ``Mamba2Metadata``; the
+prefill-side plan is its nested :class:`MixedMetadata`, itself three nested plans
+(:class:`ChunkPlan`, :class:`ConvWindows`, :class:`ExtendTrackPlan`).
 
 Names follow sglang's ``ForwardMetadata`` / ``Mamba2Metadata`` so engine developers
 recognise them.
@@ -12,109 +16,138 @@ recognise them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
-from hybridmeta.chunks import chunk_indices_offsets
-from hybridmeta.core import BOOL, INDEX, Pad, field, metadata, tensor_field
-from hybridmeta.staging import to_device_packed
+from hybridmeta.core import (
+    BATCH,
+    BOOL,
+    CHUNKS,
+    INDEX,
+    PHYSICAL_CHUNKS,
+    PREFILL_TOKENS,
+    PREFILLS,
+    Dim,
+    Pad,
+    Role,
+    field,
+    metadata,
+    tensor_field,
+)
 
 __all__ = [
+    "ChunkPlan",
+    "ConvWindows",
+    "ExtendTrackPlan",
     "ForwardMetadata",
     "Mamba2Metadata",
     "MixedMetadata",
     "prepare_decode",
-    "prepare_mixed",
     "prepare_target_verify",
 ]
 
 _PAD_SLOT = Pad.value(-1)
+#: Boundaries saved mid-row this forward (extend track plan).
+TRACK_MID: Dim = Dim("track_mid")
 
 
 @metadata
 class ForwardMetadata:
     """Per-forward metadata of a hybrid Mamba2 backend (the source of ``Mamba2Metadata``).
 
-    Rows are request rows of the batch: prefill rows first, decode rows last. Slot ids are
-    physical state-pool slots; pad rows carry ``-1``.
+    Rows are request rows of the batch: prefill rows first, decode rows last, pad rows
+    (graph buckets) after them. Slot ids are state-pool slots (virtual ids of a slot table
+    where :class:`~hybridmeta.graphs.StaticBuffers` translates them); pad rows carry
+    ``-1``.
     """
 
     query_start_loc: torch.Tensor = tensor_field(
-        rows="batch+1",
+        rows=BATCH + 1,
         dtypes=INDEX,
         pad=Pad.CUMULATIVE,
-        doc="[bs + 1] token offsets of each row; padded rows have length zero.",
+        role=Role.ENGINE_ONLY,
+        doc="[bs + 1] token offsets of each row; padded rows have length zero. The Mamba2 "
+        "entry points take their token layout from the planned metadata (host counts, "
+        "chunk and window plans); the offsets travel for the engine's attention.",
     )
     mamba_cache_indices: torch.Tensor = tensor_field(
-        rows="batch", dtypes=INDEX, pad=_PAD_SLOT, doc="[bs] working state slot of each row."
-    )
-    mamba_track_indices: torch.Tensor | None = tensor_field(
-        rows="batch",
+        rows=BATCH,
         dtypes=INDEX,
         pad=_PAD_SLOT,
+        role=Role.WORKING_SLOT,
+        doc="[bs] working state slot of each row (-1: pad row).",
+    )
+    mamba_track_indices: torch.Tensor | None = tensor_field(
+        rows=BATCH,
+        dtypes=INDEX,
+        pad=_PAD_SLOT,
+        role=Role.TRACK_SLOT,
         default=None,
         doc="[bs] track (prefix-cache) slot of each row, -1 where none.",
     )
     mamba_track_mask: torch.Tensor | None = tensor_field(
-        rows="batch",
+        rows=BATCH,
         dtypes=BOOL,
         pad=Pad.value(False),
+        role=Role.TRACK_MASK,
         default=None,
-        doc="[bs] rows whose state is saved into their track slot this step.",
+        doc="[bs] rows whose state at the end of this forward is saved into their track "
+        "slot (a decode row reaching a boundary, a prefill row whose boundary ends it). "
+        "Boundaries inside a prefill row are the extend track plan's.",
     )
-    retrieve_next_token: torch.Tensor | None = tensor_field(
-        rows="batch",
-        dtypes=INDEX,
-        pad=_PAD_SLOT,
-        ndim=2,
-        default=None,
-        doc="[bs, draft_token_num] speculative tree: first child of each draft token.",
-    )
-    retrieve_next_sibling: torch.Tensor | None = tensor_field(
-        rows="batch",
-        dtypes=INDEX,
-        pad=_PAD_SLOT,
-        ndim=2,
-        default=None,
-        doc="[bs, draft_token_num] speculative tree: next sibling of each draft token.",
-    )
-    retrieve_parent_token: torch.Tensor | None = tensor_field(
-        rows="batch",
-        dtypes=INDEX,
-        pad=_PAD_SLOT,
-        ndim=2,
-        default=None,
-        doc="[bs, draft_token_num] speculative tree: parent of each draft token.",
-    )
-    track_conv_indices: torch.Tensor | None = tensor_field(
-        dtypes=INDEX, default=None, doc="Extend track plan: conv windows to save."
-    )
-    track_ssm_h_src: torch.Tensor | None = tensor_field(
-        dtypes=INDEX, default=None, doc="Extend track plan: chunk-state grid positions to save."
-    )
-    track_ssm_h_dst: torch.Tensor | None = tensor_field(
-        dtypes=INDEX, default=None, doc="Extend track plan: track slots of ``track_ssm_h_src``."
-    )
-    track_ssm_final_src: torch.Tensor | None = tensor_field(
-        dtypes=INDEX,
-        default=None,
-        doc="Extend track plan: working slots whose final state is saved.",
-    )
-    track_ssm_final_dst: torch.Tensor | None = tensor_field(
-        dtypes=INDEX, default=None, doc="Extend track plan: track slots of ``track_ssm_final_src``."
-    )
-    is_target_verify: bool = field(default=False, doc="Speculative target-verify forward.")
-    draft_token_num: int = field(default=1, doc="Tokens per row in target verify (1 otherwise).")
     has_mamba_track_mask: bool = field(
         default=False,
-        doc="Host-side: whether any row tracks this step (decided without reading the mask).",
+        role=Role.SUBSUMED_FLAG,
+        governs=("mamba_track_mask", "mamba_track_indices"),
+        required_when_set=True,
+        doc="Host-side: whether any row saves its state this step (decided without reading "
+        "the mask). Must be stated whenever the track fields are given.",
+    )
+    is_target_verify: bool = field(
+        default=False,
+        governs=("retrieve_parent_token",),
+        doc="Speculative target-verify forward (draft_token_num tokens per row).",
+    )
+    draft_token_num: int = field(default=1, doc="Tokens per row in target verify (1 otherwise).")
+    retrieve_parent_token: torch.Tensor | None = tensor_field(
+        rows=BATCH,
+        cols="draft_token_num",
+        dtypes=INDEX,
+        pad=_PAD_SLOT,
+        default=None,
+        doc="[bs, draft_token_num] speculative tree: parent of each draft token (-1: the "
+        "root, whose parent state is the working slot). None: each row's drafts are a chain.",
+    )
+    retrieve_next_token: torch.Tensor | None = tensor_field(
+        rows=BATCH,
+        cols="draft_token_num",
+        dtypes=INDEX,
+        pad=_PAD_SLOT,
+        role=Role.ENGINE_ONLY,
+        default=None,
+        doc="[bs, draft_token_num] speculative tree: first child of each draft token (the "
+        "engine's acceptance walk).",
+    )
+    retrieve_next_sibling: torch.Tensor | None = tensor_field(
+        rows=BATCH,
+        cols="draft_token_num",
+        dtypes=INDEX,
+        pad=_PAD_SLOT,
+        role=Role.ENGINE_ONLY,
+        default=None,
+        doc="[bs, draft_token_num] speculative tree: next sibling of each draft token (the "
+        "engine's acceptance walk).",
     )
     mamba_track_mask_indices: torch.Tensor | None = tensor_field(
-        dtypes=INDEX, default=None, doc="Indices of the rows set in ``mamba_track_mask``."
+        dtypes=INDEX,
+        role=Role.ENGINE_ONLY,
+        default=None,
+        doc="Indices of the rows set in ``mamba_track_mask`` (the engine's bookkeeping).",
     )
     conv_states_mask_indices: torch.Tensor | None = tensor_field(
-        dtypes=INDEX, default=None, doc="Rows whose conv state is saved this step."
+        dtypes=INDEX,
+        role=Role.ENGINE_ONLY,
+        default=None,
+        doc="Rows whose conv state the engine saves (the engine's bookkeeping).",
     )
 
     def __validate__(self) -> None:
@@ -122,98 +155,204 @@ class ForwardMetadata:
             raise ValueError(
                 f"ForwardMetadata.draft_token_num must be >= 1, got {self.draft_token_num}"
             )
-        if self.has_mamba_track_mask and (
-            self.mamba_track_mask is None or self.mamba_track_indices is None
-        ):
+        if self.draft_token_num > 1 and not self.is_target_verify:
             raise ValueError(
-                "ForwardMetadata.has_mamba_track_mask is True, so mamba_track_mask and "
-                "mamba_track_indices are required"
+                f"ForwardMetadata.draft_token_num is {self.draft_token_num} but is_target_verify "
+                "is False: only a verify forward has several tokens per row"
             )
-        for src, dst in (
-            ("track_ssm_h_src", "track_ssm_h_dst"),
-            ("track_ssm_final_src", "track_ssm_final_dst"),
-        ):
-            a, b = getattr(self, src), getattr(self, dst)
-            if (a is None) != (b is None):
-                raise ValueError(
-                    f"ForwardMetadata.{src} and {dst} are given together or not at all"
-                )
-            if a is not None and a.shape[0] != b.shape[0]:
-                raise ValueError(
-                    f"ForwardMetadata.{dst} has {b.shape[0]} entries but {src} has {a.shape[0]}"
-                )
-        for name in ("retrieve_next_token", "retrieve_next_sibling", "retrieve_parent_token"):
-            t = getattr(self, name)
-            if t is not None and t.shape[1] != self.draft_token_num:
-                raise ValueError(
-                    f"ForwardMetadata.{name} has {t.shape[1]} columns but draft_token_num is "
-                    f"{self.draft_token_num}"
-                )
 
-    def __validate_debug__(self) -> None:
-        # Reads device values: runs only in debug mode (hybridmeta.debug).
-        qsl = self.query_start_loc
-        if qsl.numel() and int(qsl[0]) != 0:
-            raise ValueError(f"ForwardMetadata.query_start_loc must start at 0, got {int(qsl[0])}")
-        if bool((qsl[1:] < qsl[:-1]).any()):
-            raise ValueError("ForwardMetadata.query_start_loc must be non-decreasing")
-        idx = self.mamba_cache_indices
-        if bool((idx < -1).any()):
+
+@metadata
+class ChunkPlan:
+    """Logical chunks of the chunked SSD scan over the flattened prefill tokens.
+
+    The scan's chunk grid is global over the flattened tokens of the prefill rows; a new
+    logical chunk starts at every physical chunk boundary and at every row start.
+    """
+
+    chunk_size: int = field(doc="Physical chunk size of the SSD scan (the state grid).")
+    start: torch.Tensor = tensor_field(
+        rows=CHUNKS, dtypes=INDEX, doc="[num_logical_chunks] first flattened token."
+    )
+    length: torch.Tensor = tensor_field(
+        rows=CHUNKS, dtypes=INDEX, doc="[num_logical_chunks] tokens in the chunk."
+    )
+    row: torch.Tensor = tensor_field(
+        rows=CHUNKS, dtypes=INDEX, doc="[num_logical_chunks] prefill row of the chunk."
+    )
+    first: torch.Tensor = tensor_field(
+        rows=CHUNKS, dtypes=BOOL, doc="[num_logical_chunks] the chunk opens its row."
+    )
+    token_chunk: torch.Tensor = tensor_field(
+        rows=PREFILL_TOKENS, dtypes=INDEX, doc="[num_prefill_tokens] logical chunk of each token."
+    )
+    token_pos: torch.Tensor = tensor_field(
+        rows=PREFILL_TOKENS, dtypes=INDEX, doc="[num_prefill_tokens] position in that chunk."
+    )
+    row_last_chunk: torch.Tensor = tensor_field(
+        rows=PREFILLS, dtypes=INDEX, doc="[num_prefills] logical chunk holding the row's last token."
+    )
+    phys_last_chunk: torch.Tensor = tensor_field(
+        rows=PHYSICAL_CHUNKS,
+        dtypes=INDEX,
+        doc="[num_physical_chunks] last logical chunk of each physical chunk.",
+    )
+
+    def __validate__(self) -> None:
+        if self.chunk_size <= 0:
+            raise ValueError(f"ChunkPlan.chunk_size must be > 0, got {self.chunk_size}")
+
+    @property
+    def num_logical(self) -> int:
+        """Number of logical chunks (host-side: a shape)."""
+        return int(self.start.shape[0])
+
+
+@metadata
+class ConvWindows:
+    """Gather plan of the prefill causal conv1d over the *extended* input.
+
+    The extended input is the flattened prefill tokens followed by every prefill row's
+    initial conv state (``K - 1`` columns each, zeros where the row has none): index
+    ``i < T`` is token ``i``; ``T + r * (K - 1) + c`` is column ``c`` (oldest first) of
+    prefill row ``r``'s initial state. A window that reaches back before a row's first new
+    token reads that row's saved inputs, never a neighbour's tokens.
+    """
+
+    kernel_size: int = field(doc="Conv width K (the conv state keeps K - 1 inputs).")
+    token_windows: torch.Tensor = tensor_field(
+        rows=PREFILL_TOKENS,
+        cols="kernel_size",
+        dtypes=INDEX,
+        doc="[num_prefill_tokens, K] extended-input indices of each token's window.",
+    )
+    final_windows: torch.Tensor = tensor_field(
+        rows=PREFILLS,
+        dtypes=INDEX,
+        ndim=2,
+        doc="[num_prefills, K - 1] extended-input indices of each row's final conv state.",
+    )
+
+    def __validate__(self) -> None:
+        if self.kernel_size < 2:
+            raise ValueError(f"ConvWindows.kernel_size must be >= 2, got {self.kernel_size}")
+        if self.final_windows.shape[1] != self.kernel_size - 1:
             raise ValueError(
-                "ForwardMetadata.mamba_cache_indices must be >= -1 (-1 marks a pad row)"
+                f"ConvWindows.final_windows has {self.final_windows.shape[1]} columns but "
+                f"kernel_size - 1 = {self.kernel_size - 1}"
             )
-        live = idx[idx >= 0]
-        if live.numel() != torch.unique(live).numel():
-            raise ValueError("ForwardMetadata.mamba_cache_indices has a duplicate live slot")
-        if self.mamba_track_indices is not None and self.mamba_track_mask is not None:
-            m = self.mamba_track_mask
-            if bool((self.mamba_track_indices[m] < 0).any()):
+
+
+@metadata
+class ExtendTrackPlan:
+    """Track boundaries *inside* prefill rows (the prefix cache of recurrent state).
+
+    A boundary that ends its row is saved like a decode row's, by the forward's
+    ``mamba_track_mask`` after the layers ran. A boundary inside a row is saved from the
+    scan: on the scan's global chunk grid its state is a chunk state (``h_*``), off the
+    grid it is recomputed from the state entering its logical chunk (``recompute_*``). Each
+    entry names its batch row; the slots come from the forward's ``mamba_track_indices``.
+    """
+
+    h_rows: torch.Tensor = tensor_field(
+        dtypes=INDEX, doc="[n_h] batch rows whose boundary lies on the chunk grid."
+    )
+    h_chunk: torch.Tensor = tensor_field(
+        dtypes=INDEX, doc="[n_h] logical chunk whose end is that boundary."
+    )
+    recompute_rows: torch.Tensor = tensor_field(
+        dtypes=INDEX, doc="[n_rc] batch rows whose boundary lies off the grid."
+    )
+    recompute_chunk: torch.Tensor = tensor_field(
+        dtypes=INDEX, doc="[n_rc] logical chunk holding the boundary."
+    )
+    recompute_len: torch.Tensor = tensor_field(
+        dtypes=INDEX, doc="[n_rc] tokens of that chunk before the boundary (1 .. chunk - 1)."
+    )
+    windows: torch.Tensor = tensor_field(
+        rows=TRACK_MID,
+        dtypes=INDEX,
+        ndim=2,
+        doc="[n_h + n_rc, K - 1] extended-input indices of each boundary's conv window "
+        "(h entries first, then recompute entries).",
+    )
+
+    def __validate__(self) -> None:
+        n_h, n_rc = self.h_rows.shape[0], self.recompute_rows.shape[0]
+        if self.h_chunk.shape[0] != n_h:
+            raise ValueError(
+                f"ExtendTrackPlan.h_chunk has {self.h_chunk.shape[0]} entries but h_rows has {n_h}"
+            )
+        for name in ("recompute_chunk", "recompute_len"):
+            if getattr(self, name).shape[0] != n_rc:
                 raise ValueError(
-                    "ForwardMetadata.mamba_track_indices must be a slot (>= 0) where mamba_track_mask is set"
+                    f"ExtendTrackPlan.{name} has {getattr(self, name).shape[0]} entries but "
+                    f"recompute_rows has {n_rc}"
                 )
-            if bool((self.mamba_track_indices[m] == idx[m]).any()):
-                raise ValueError(
-                    "ForwardMetadata.mamba_track_indices equals the working slot of a tracked row"
-                )
+        if self.windows.shape[0] != n_h + n_rc:
+            raise ValueError(
+                f"ExtendTrackPlan.windows has {self.windows.shape[0]} rows but there are "
+                f"{n_h + n_rc} mid-row boundaries"
+            )
+
+    @property
+    def num_h(self) -> int:
+        """Boundaries on the grid (host-side: a shape)."""
+        return int(self.h_rows.shape[0])
+
+    @property
+    def num_recompute(self) -> int:
+        """Boundaries off the grid (host-side: a shape)."""
+        return int(self.recompute_rows.shape[0])
 
 
 @metadata
 class MixedMetadata:
-    """Prefill-side plan of a mixed batch (the prefill rows only)."""
+    """Prefill-side plan of a mixed forward (the prefill rows only)."""
 
     has_initial_states: torch.Tensor = tensor_field(
-        rows="prefills", dtypes=BOOL, doc="[num_prefills] rows resuming from a saved state."
+        rows=PREFILLS,
+        dtypes=BOOL,
+        pad=Pad.value(False),
+        doc="[num_prefills] rows resuming from the state in their working slot.",
     )
-    prep_initial_states: bool = field(
-        doc="Host-side: whether any prefill row has an initial state."
-    )
-    chunk_size: int = field(doc="Physical chunk size of the SSD scan.")
-    seq_idx: torch.Tensor = tensor_field(
-        rows="prefill_tokens", dtypes=INDEX, doc="[num_prefill_tokens] row of each token."
-    )
-    chunk_indices: torch.Tensor = tensor_field(
-        rows="chunks",
-        dtypes=INDEX,
-        doc="[num_logical_chunks] physical chunk of each logical chunk.",
-    )
-    chunk_offsets: torch.Tensor = tensor_field(
-        rows="chunks", dtypes=INDEX, doc="[num_logical_chunks] start offset inside it."
-    )
-    extend_seq_lens_cpu: tuple[int, ...] = field(doc="Host copy of the extend lengths.")
+    chunks: ChunkPlan = field(doc="The chunked scan's logical chunks.")
+    conv: ConvWindows = field(doc="The prefill conv's windows.")
+    track: ExtendTrackPlan = field(doc="Track boundaries inside prefill rows.")
 
     def __validate__(self) -> None:
-        if self.chunk_size <= 0:
-            raise ValueError(f"MixedMetadata.chunk_size must be > 0, got {self.chunk_size}")
-        if len(self.extend_seq_lens_cpu) != self.has_initial_states.shape[0]:
+        r = self.has_initial_states.shape[0]
+        if self.chunks.row_last_chunk.shape[0] != r or self.conv.final_windows.shape[0] != r:
             raise ValueError(
-                f"MixedMetadata.extend_seq_lens_cpu has {len(self.extend_seq_lens_cpu)} rows but "
-                f"has_initial_states has {self.has_initial_states.shape[0]}"
+                f"MixedMetadata: chunks / conv plan {self.chunks.row_last_chunk.shape[0]} / "
+                f"{self.conv.final_windows.shape[0]} prefill rows but has_initial_states has {r}"
             )
-        if sum(self.extend_seq_lens_cpu) != self.seq_idx.shape[0]:
+        t = self.chunks.token_chunk.shape[0]
+        if self.conv.token_windows.shape[0] != t:
             raise ValueError(
-                f"MixedMetadata.seq_idx has {self.seq_idx.shape[0]} tokens but "
-                f"extend_seq_lens_cpu sums to {sum(self.extend_seq_lens_cpu)}"
+                f"MixedMetadata.conv plans {self.conv.token_windows.shape[0]} tokens but "
+                f"chunks plans {t}"
             )
+        if self.track.windows.shape[1:] != self.conv.final_windows.shape[1:]:
+            raise ValueError(
+                "MixedMetadata.track.windows must have kernel_size - 1 = "
+                f"{self.conv.kernel_size - 1} columns, got {tuple(self.track.windows.shape)}"
+            )
+        dev = self.has_initial_states.device
+        for name, t_ in (("chunks", self.chunks.start), ("conv", self.conv.token_windows),
+                         ("track", self.track.windows)):  # fmt: skip
+            if t_.device != dev:
+                raise ValueError(
+                    f"MixedMetadata.{name} must be on {dev} (has_initial_states'), got {t_.device}"
+                )
+
+    @property
+    def num_prefills(self) -> int:
+        return int(self.has_initial_states.shape[0])
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.chunks.token_chunk.shape[0])
 
 
 @metadata
@@ -238,32 +377,47 @@ class Mamba2Metadata(ForwardMetadata):
                 f"Mamba2Metadata.num_prefills + num_decodes = {self.num_prefills + self.num_decodes} "
                 f"but mamba_cache_indices has {rows} rows"
             )
+        if self.is_target_verify and self.num_prefills:
+            raise ValueError(
+                f"Mamba2Metadata.num_prefills must be 0 in a target-verify forward, got "
+                f"{self.num_prefills}"
+            )
         if (self.mixed is None) != (self.num_prefills == 0):
             raise ValueError(
                 "Mamba2Metadata.mixed must be given exactly when num_prefills > 0 "
                 f"(num_prefills={self.num_prefills}, mixed={'None' if self.mixed is None else 'set'})"
             )
         if self.mixed is not None:
-            if len(self.mixed.extend_seq_lens_cpu) != self.num_prefills:
+            if self.mixed.num_prefills != self.num_prefills:
                 raise ValueError(
-                    f"Mamba2Metadata.mixed covers {len(self.mixed.extend_seq_lens_cpu)} prefill "
-                    f"rows but num_prefills is {self.num_prefills}"
+                    f"Mamba2Metadata.mixed covers {self.mixed.num_prefills} prefill rows but "
+                    f"num_prefills is {self.num_prefills}"
                 )
-            if self.mixed.seq_idx.shape[0] != self.num_prefill_tokens:
+            if self.mixed.num_tokens != self.num_prefill_tokens:
                 raise ValueError(
-                    f"Mamba2Metadata.num_prefill_tokens is {self.num_prefill_tokens} but "
-                    f"mixed.seq_idx has {self.mixed.seq_idx.shape[0]} tokens"
+                    f"Mamba2Metadata.num_prefill_tokens is {self.num_prefill_tokens} but mixed "
+                    f"plans {self.mixed.num_tokens} tokens"
                 )
-            if self.mixed.seq_idx.device != self.mamba_cache_indices.device:
+            dev = self.mamba_cache_indices.device
+            if self.mixed.has_initial_states.device != dev:
                 raise ValueError(
-                    "Mamba2Metadata.mixed must be on the device of mamba_cache_indices "
-                    f"({self.mamba_cache_indices.device}), got {self.mixed.seq_idx.device}"
+                    f"Mamba2Metadata.mixed must be on the device of mamba_cache_indices ({dev}), "
+                    f"got {self.mixed.has_initial_states.device}"
                 )
         elif self.num_prefill_tokens != 0:
             raise ValueError(
                 f"Mamba2Metadata.num_prefill_tokens must be 0 without prefill rows, got "
                 f"{self.num_prefill_tokens}"
             )
+
+    @property
+    def prefill_slots(self) -> torch.Tensor:
+        """``[num_prefills]`` working slots of the prefill rows (a view, no copy)."""
+        return self.mamba_cache_indices[: self.num_prefills]
+
+    def decode_rows(self) -> slice:
+        """The rows of the decode part (mixed batches: decode rows come last)."""
+        return slice(self.num_prefills, self.num_prefills + self.num_decodes)
 
 
 def prepare_decode(fwd: ForwardMetadata) -> Mamba2Metadata:
@@ -291,72 +445,4 @@ def prepare_target_verify(fwd: ForwardMetadata) -> Mamba2Metadata:
         num_prefill_tokens=0,
         num_decodes=fwd.mamba_cache_indices.shape[0],
         mixed=None,
-    )
-
-
-def prepare_mixed(
-    fwd: ForwardMetadata,
-    *,
-    extend_seq_lens_cpu: Sequence[int],
-    extend_prefix_lens_cpu: Sequence[int],
-    chunk_size: int,
-) -> Mamba2Metadata:
-    """Metadata of a mixed forward: ``len(extend_seq_lens_cpu)`` prefill rows first, decode
-    rows after them.
-
-    Everything is derived from host data (no device read): ``seq_idx``,
-    ``has_initial_states`` (prefix length > 0), ``prep_initial_states`` and the logical chunk
-    plan are built on the CPU and copied to ``fwd``'s device. The extend track plan travels
-    in ``fwd`` itself (``track_ssm_*``, ``track_conv_indices``) like every other field.
-    """
-    num_prefills = len(extend_seq_lens_cpu)
-    if len(extend_prefix_lens_cpu) != num_prefills:
-        raise ValueError(
-            f"prepare_mixed: extend_prefix_lens_cpu has {len(extend_prefix_lens_cpu)} rows but "
-            f"extend_seq_lens_cpu has {num_prefills}"
-        )
-    if num_prefills == 0:
-        raise ValueError("prepare_mixed: no prefill rows; use prepare_decode")
-    if any(n <= 0 for n in extend_seq_lens_cpu):
-        raise ValueError("prepare_mixed: extend_seq_lens_cpu must be > 0 for every prefill row")
-    if any(p < 0 for p in extend_prefix_lens_cpu):
-        raise ValueError("prepare_mixed: extend_prefix_lens_cpu must be >= 0")
-    rows = fwd.mamba_cache_indices.shape[0]
-    if num_prefills > rows:
-        raise ValueError(
-            f"prepare_mixed: extend_seq_lens_cpu has {num_prefills} prefill rows but "
-            f"ForwardMetadata.mamba_cache_indices has only {rows} rows"
-        )
-    device = fwd.mamba_cache_indices.device
-    lens = torch.tensor(list(extend_seq_lens_cpu), dtype=torch.int64)
-    qsl = torch.zeros(num_prefills + 1, dtype=torch.int64)
-    torch.cumsum(lens, 0, out=qsl[1:])
-    indices, offsets = chunk_indices_offsets(qsl, chunk_size)
-    num_tokens = int(qsl[-1])
-    has_init = [p > 0 for p in extend_prefix_lens_cpu]
-    staged = to_device_packed(
-        {
-            "seq_idx": torch.repeat_interleave(torch.arange(num_prefills), lens),
-            "chunk_indices": indices,
-            "chunk_offsets": offsets,
-            "has_initial_states": torch.tensor(has_init),
-        },
-        device,
-        dtype=torch.int32,
-    )
-    mixed = MixedMetadata(
-        has_initial_states=staged["has_initial_states"].bool(),
-        prep_initial_states=any(has_init),
-        chunk_size=chunk_size,
-        seq_idx=staged["seq_idx"],
-        chunk_indices=staged["chunk_indices"],
-        chunk_offsets=staged["chunk_offsets"],
-        extend_seq_lens_cpu=tuple(int(n) for n in extend_seq_lens_cpu),
-    )
-    return Mamba2Metadata.evolve_from(
-        fwd,
-        num_prefills=num_prefills,
-        num_prefill_tokens=num_tokens,
-        num_decodes=rows - num_prefills,
-        mixed=mixed,
     )

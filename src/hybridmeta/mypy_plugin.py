@@ -20,7 +20,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from mypy.nodes import ARG_NAMED, ARG_NAMED_OPT, ARG_POS, Argument, TypeInfo, Var
+from mypy.nodes import (
+    ARG_NAMED,
+    ARG_NAMED_OPT,
+    ARG_POS,
+    Argument,
+    Decorator,
+    FuncDef,
+    TypeInfo,
+    Var,
+)
 from mypy.plugin import ClassDefContext, Plugin
 from mypy.plugins.common import add_method_to_class
 from mypy.plugins.dataclasses import DataclassAttribute, dataclass_class_maker_callback
@@ -60,6 +69,17 @@ def _metadata_class_hook(ctx: ClassDefContext) -> bool:
     add_method_to_class(
         ctx.api, ctx.cls, "evolve_from", args, fill_typevars(info), is_classmethod=True
     )
+    # Each derived class's evolve_from takes its own source class, so a class derived from
+    # a derived class changes the signature on purpose: keep the generated method out of
+    # the class body, where mypy would check it as an override (a false [override] error).
+    ctx.cls.defs.body = [
+        node
+        for node in ctx.cls.defs.body
+        if not (
+            (isinstance(node, FuncDef) and node.name == "evolve_from")
+            or (isinstance(node, Decorator) and node.func.name == "evolve_from")
+        )
+    ]
     return True
 
 

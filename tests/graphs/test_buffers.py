@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from hybridmeta import debug_mode, fields_of
+from hybridmeta import TOKENS, Dim, debug_mode, fields_of
 from hybridmeta.graphs import (
     EmulatedGraphBackend,
     InputSpec,
@@ -29,6 +29,7 @@ def _buffers(**kw: Any) -> StaticBuffers:
         "num_slots": SLOTS,
         "device": "cpu",
         "inputs": {"x": InputSpec((2,), torch.float32)},
+        "optional_fields": ("mamba_track_indices", "mamba_track_mask"),
     }
     args.update(kw)
     return StaticBuffers(**args)
@@ -111,11 +112,14 @@ def test_views_are_the_same_storage_every_step() -> None:
 
 
 def test_every_per_row_field_is_buffered() -> None:
-    # Declared from the metadata classes: every required per-row field gets a buffer.
-    buffers = _buffers()
-    required = {s.name for s in fields_of(ForwardMetadata) if s.per_row and not s.optional}
-    assert required <= set(buffers.field_names)
-    assert {"mamba_track_indices", "mamba_track_mask"} <= set(buffers.field_names)
+    # Declared from the metadata classes: every per-row field gets a buffer by default.
+    buffers = StaticBuffers(max_bs=2, num_slots=4, device="cpu")
+    per_row = {s.name for s in fields_of(ForwardMetadata) if s.per_row}
+    assert set(buffers.field_names) == per_row
+    # the subsumed flag is captured True because every field it governs is buffered
+    assert buffers.static["has_mamba_track_mask"] is True
+    partial = _buffers(optional_fields=("mamba_track_mask",))
+    assert partial.static["has_mamba_track_mask"] is False
 
 
 def test_optional_field_left_none_is_padded_over_the_bucket() -> None:
@@ -155,7 +159,7 @@ def test_target_verify_buffers_per_token_inputs_and_tree_fields() -> None:
         device="cpu",
         optional_fields=("retrieve_next_token",),
         static={"is_target_verify": True, "draft_token_num": 3},
-        inputs={"h": InputSpec((1,), torch.float32, rows="tokens", pad=0.5)},
+        inputs={"h": InputSpec((1,), torch.float32, rows=TOKENS, pad=0.5)},
     )
     step = ForwardMetadata(
         query_start_loc=torch.tensor([0, 3, 6]),
@@ -172,13 +176,20 @@ def test_target_verify_buffers_per_token_inputs_and_tree_fields() -> None:
     assert buffers.views(3)["h"].flatten().tolist() == [1.0] * 6 + [0.5] * 3
 
 
-def test_refresh_does_not_read_device_values_outside_debug_mode() -> None:
-    # Refresh inside an emulated capture: any host read of a tensor value would raise.
+def test_refresh_does_not_read_device_values_outside_debug_mode(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Refresh inside an emulated capture: any host read of a tensor value would raise. The
+    # one documented read is the slot-range bound, which runs on host-known values (CPU
+    # buffers) only, and on a GPU in debug mode: take it out, the rest must read nothing.
+    ranges: list[int] = []
+    monkeypatch.setattr(StaticBuffers, "_validate_ranges", lambda self, step: ranges.append(1))
     buffers = _buffers(slot_table=torch.arange(SLOTS))
     step = _step([1, 2], [3, -1], [True, False])
     x = _x(2)
     graph = EmulatedGraphBackend().capture(lambda: buffers.refresh(step, 4, x), warmup=0)
     assert graph.outputs.mamba_cache_indices.tolist() == [1, 2, -1, -1]
+    assert ranges == [1]
 
 
 # ----------------------------------------------------------------------- bad input
@@ -242,17 +253,33 @@ _CHEAP_CASES: list[_Case] = [
     ("missing input", lambda b: b.refresh(_step([1]), 1, {}), r"inputs must name exactly"),
     (
         "host value drift",
-        lambda b: b.refresh(_step([1], draft_token_num=2), 1, _x(1)),
-        r"draft_token_num is 2 but the graphs were captured with 1",
+        lambda b: b.refresh(_step([1], is_target_verify=True), 1, _x(1)),
+        r"is_target_verify is True but the graphs were captured with False",
     ),
     (
         "unbuffered field",
-        lambda b: b.refresh(
-            _step([1], track_ssm_h_src=torch.tensor([0]), track_ssm_h_dst=torch.tensor([1])),
-            1,
-            _x(1),
-        ),
-        r"track_ssm_h_src is set but is not a static buffer",
+        lambda b: b.refresh(_step([1], conv_states_mask_indices=torch.tensor([0])), 1, _x(1)),
+        r"conv_states_mask_indices is set but is not a static buffer",
+    ),
+    (
+        "slot out of range (host-known: always)",
+        lambda b: b.refresh(_step([1, SLOTS]), 2, _x(2)),
+        r"mamba_cache_indices row 1 holds 16: not -1 \(pad\) nor a slot in \[0, 16\)",
+    ),
+    (
+        "negative slot (host-known: always)",
+        lambda b: b.refresh(_step([-5]), 1, _x(1)),
+        r"mamba_cache_indices row 0 holds -5",
+    ),
+    (
+        "track slot out of range (host-known: always)",
+        lambda b: b.refresh(_step([1], [SLOTS + 2], [True]), 1, _x(1)),
+        r"mamba_track_indices row 0 holds 18",
+    ),
+    (
+        "0-d input",
+        lambda b: b.refresh(_step([1]), 1, {"x": torch.tensor(1.0)}),
+        r"input x must have a leading row dimension \(1 rows\), got a 0-d tensor",
     ),
     (
         "unbuffered per-row field",
@@ -267,19 +294,14 @@ _CHEAP_CASES: list[_Case] = [
 
 _DEBUG_CASES: list[_DebugCase] = [
     (
-        "slot out of range",
-        lambda: (_step([1, SLOTS]), 2, _x(2)),
-        r"mamba_cache_indices has a live slot outside \[0, 16\)",
-    ),
-    (
         "duplicate slot",
         lambda: (_step([3, 3]), 2, _x(2)),
-        r"mamba_cache_indices has a duplicate live slot",
+        r"mamba_cache_indices has a duplicate slot",
     ),
     (
         "pad value in live row",
         lambda: (_step([2, -1]), 2, _x(2)),
-        r"mamba_cache_indices holds the pad value -1 in a live row",
+        r"mamba_cache_indices holds the pad value -1 in live row 1",
     ),
     (
         "decreasing qsl",
@@ -294,17 +316,22 @@ _DEBUG_CASES: list[_DebugCase] = [
     (
         "qsl not one token per row",
         lambda: (_step([1, 2], query_start_loc=torch.tensor([0, 2, 3])), 2, _x(2)),
-        r"query_start_loc must give every decode row 1 token",
-    ),
-    (
-        "track slot out of range",
-        lambda: (_step([1], [SLOTS + 2], [True]), 1, _x(1)),
-        r"mamba_track_indices has a live slot outside",
+        r"query_start_loc must give every row 1 token",
     ),
     (
         "flagged row without track slot",
         lambda: (_step([1], [-1], [True], has_mamba_track_mask=True), 1, _x(1)),
-        r"mamba_track_indices is -1 \(pad\) in a row whose mamba_track_mask is set",
+        r"mamba_track_indices is -1 \(none\) in a row whose mamba_track_mask is set",
+    ),
+    (
+        "track slot is a working slot",
+        lambda: (_step([5, 2], [5, -1], [True, False]), 2, _x(2)),
+        r"mamba_track_indices slot 5 of a tracked row is also the mamba_cache_indices",
+    ),
+    (
+        "NaN input",
+        lambda: (_step([1]), 1, {"x": torch.tensor([[1.0, float("nan")]])}),
+        r"input x holds NaN in a live row",
     ),
 ]
 
@@ -334,25 +361,56 @@ def test_value_checks_run_in_debug_mode_before_anything_is_written(
     _assert_untouched(before, _snapshot(buffers))
 
 
-def test_virtual_slot_out_of_table_is_refused_in_debug_mode() -> None:
+def test_virtual_slot_out_of_table_is_refused() -> None:
     buffers = _buffers(slot_table=torch.arange(4, dtype=torch.int64))
-    step = _step([1, 4])
-    with debug_mode(), pytest.raises(ValueError, match=r"virtual slot outside \[0, 4\)"):
-        buffers.refresh(step, 2, _x(2))
+    _poison(buffers)
+    before = _snapshot(buffers)
+    with pytest.raises(
+        ValueError,
+        match=r"mamba_cache_indices row 1 holds 4: not -1 \(pad\) nor a virtual slot "
+        r"\(slot-table index\) in \[0, 4\)",
+    ):
+        buffers.refresh(_step([1, 4]), 2, _x(2))
+    _assert_untouched(before, _snapshot(buffers))
+
+
+def test_debug_checks_run_on_physical_ids() -> None:
+    """With a slot table, working ids are virtual: a virtual id equal to a row's physical
+    track slot is legitimate (table[3] = 4, track slot 3) and must not be refused; a real
+    collision (physical working slot == track slot) is refused before any write."""
+    table = torch.tensor([0, 1, 2, 4, 3, 5, 6, 7], dtype=torch.int64)
+    buffers = _buffers(slot_table=table)
+    with debug_mode():
+        md = buffers.refresh(_step([3], [3], [True]), 1, _x(1))
+    assert md.mamba_cache_indices.tolist() == [4]
+    _poison(buffers)
+    before = _snapshot(buffers)
+    with debug_mode(), pytest.raises(ValueError, match="slot 4 of a tracked row is also"):
+        buffers.refresh(_step([3], [4], [True]), 1, _x(1))  # virtual 3 -> physical 4
+    _assert_untouched(before, _snapshot(buffers))
 
 
 def test_value_checks_are_skipped_outside_debug_mode() -> None:
-    # No device read on the hot path: an out-of-range slot is only caught in debug mode.
+    # No device read on the hot path beyond the documented range bound: a duplicate slot is
+    # only caught in debug mode.
     buffers = _buffers()
-    md = buffers.refresh(_step([1, SLOTS]), 2, _x(2))
-    assert md.mamba_cache_indices.tolist() == [1, SLOTS]
+    md = buffers.refresh(_step([3, 3]), 2, _x(2))
+    assert md.mamba_cache_indices.tolist() == [3, 3]
+
+
+def test_cuda_without_cuda_is_refused_with_our_message() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(ValueError, match=r"device cuda was asked for but CUDA is not available"):
+        _buffers(device="cuda")
 
 
 @pytest.mark.parametrize(
     ("kw", "match"),
     [
-        ({"max_bs": 0}, "max_bs must be > 0"),
-        ({"num_slots": 0}, "num_slots must be > 0"),
+        ({"max_bs": 0}, "max_bs must be an int > 0"),
+        ({"num_slots": 0}, "num_slots must be an int > 0"),
+        ({"max_bs": 2.5}, "max_bs must be an int > 0"),
         ({"index_dtype": torch.float32}, "index_dtype must be int32 or int64"),
         ({"optional_fields": ("query_start_loc",)}, "not an optional per-row field"),
         ({"static": {"nope": 1}}, "unknown"),
@@ -369,7 +427,7 @@ def test_constructor_refuses_bad_configuration(kw: dict[str, Any], match: str) -
 
 def test_input_spec_rows_must_be_known() -> None:
     with pytest.raises(ValueError, match=r"InputSpec\.rows"):
-        InputSpec((1,), torch.float32, rows="prefills")
+        InputSpec((1,), torch.float32, rows=Dim("prefills"))
 
 
 def test_poison_start_out_of_range() -> None:

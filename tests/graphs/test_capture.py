@@ -8,7 +8,11 @@ poisons the CUDA context).
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,6 +24,7 @@ from hybridmeta.graphs import (
     GraphCaptureError,
     default_backend,
 )
+from tests.graphs.capture_cases import CASES, load_results
 
 
 @torch.library.custom_op("hm_graphs_test::double_into", mutates_args=("out",))
@@ -196,6 +201,40 @@ def test_host_read_during_capture_raises(what: str, read: Callable[[torch.Tensor
     # The guard is gone once capture ends: host reads work again.
     assert t.tolist() == [0.0, 1.0, 2.0, 3.0]
     assert len(t.numpy()) == 4
+
+
+#: Device-to-host copies: on CPU tensors (the emulation's device here) they are no copies.
+_CPU_INEXPRESSIBLE = frozenset({"cpu", "to-cpu-nonblocking"})
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_emulation_refuses_exactly_what_cuda_capture_refuses(case: str) -> None:
+    """The list comes from a real CUDA capture of every case on a GPU
+    (``scripts/cuda_capture_refusals.py``, rerun by the GPU test below); an emulation that
+    let one refused op through would hide a sync that breaks capture on the GPU."""
+    refused = load_results()
+    assert set(refused) == set(CASES), "cases changed: rerun scripts/cuda_capture_refusals.py"
+    if case in _CPU_INEXPRESSIBLE:
+        pytest.skip("a device-to-host copy cannot be expressed on CPU tensors")
+    t = torch.arange(4.0) - 1.0
+    if refused[case]:
+        with pytest.raises(GraphCaptureError, match="device->host sync"):
+            EmulatedGraphBackend().capture(lambda: CASES[case](t), warmup=0)
+    else:
+        EmulatedGraphBackend().capture(lambda: CASES[case](t), warmup=0)
+
+
+@pytest.mark.gpu
+def test_recorded_refusals_match_this_gpu(tmp_path: Path) -> None:
+    out = tmp_path / "refusals.json"
+    root = Path(__file__).resolve().parents[2]
+    subprocess.run(
+        [sys.executable, str(root / "scripts" / "cuda_capture_refusals.py"), "--out", str(out)],
+        check=True,
+        cwd=root,
+        timeout=600,
+    )
+    assert json.loads(out.read_text())["refused"] == load_results()
 
 
 def test_storage_swap_during_capture_raises() -> None:

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 import pytest
 import torch
 
+from hybridmeta.core import TOKENS
 from hybridmeta.debug import debug_mode, is_debug
 from hybridmeta.graphs import (
     EmulatedGraphBackend,
@@ -151,7 +152,7 @@ def test_target_verify_runner_slices_per_token_outputs() -> None:
         num_slots=8,
         device="cpu",
         static={"is_target_verify": True, "draft_token_num": draft},
-        inputs={"h": InputSpec((2,), torch.float32, rows="tokens")},
+        inputs={"h": InputSpec((2,), torch.float32, rows=TOKENS)},
     )
 
     def step(md: Mamba2Metadata, ins: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -185,7 +186,7 @@ def test_capture_in_debug_mode_turns_syncing_step_checks_off() -> None:
     with debug_mode():
         runner.capture()
         assert seen and not any(seen)
-        with pytest.raises(ValueError, match="duplicate live slot"):
+        with pytest.raises(ValueError, match="duplicate slot"):
             runner.run(_fwd_unchecked([1, 1]))
         assert runner.run(_fwd_unchecked([3]))["y"].tolist() == [4]
 

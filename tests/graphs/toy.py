@@ -176,7 +176,7 @@ class KernelMamba(StepModel):
         self, md: Mamba2Metadata, inputs: Mapping[str, torch.Tensor]
     ) -> dict[str, torch.Tensor]:
         # Imported here: the pure-torch variants must not depend on the kernels package.
-        from hybridmeta.kernels.ops import ssm_state_update
+        from hybridmeta.kernels import ssm_state_update
 
         assert md.mamba_track_mask is not None
         y = ssm_state_update(
@@ -190,6 +190,7 @@ class KernelMamba(StepModel):
             D=self.D,
             track_indices=_track_rows(md, self.defective, self.max_bs),
             track_mask=md.mamba_track_mask,
+            impl="triton",  # the kernel under test (the interpreter on the CPU)
         )
         return {"y": y}  # [B, H, P]
 
@@ -209,7 +210,7 @@ class KernelMamba(StepModel):
         track: list[int],
         mask: list[bool],
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        from hybridmeta.kernels.reference import ssm_state_update_ref
+        from tests.kernels._support import ssm_state_update_ref
 
         return ssm_state_update_ref(
             pool,

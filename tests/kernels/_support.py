@@ -1,10 +1,17 @@
-"""Shared helpers of the kernel tests: the tolerance table, NaN-filled allocation, checks."""
+"""Shared helpers of the kernel tests: the tolerance table, NaN-filled allocation, checks,
+and functional wrappers of the ops' in-place references (new tensors, inputs untouched)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import torch
+
+from hybridmeta.kernels import (
+    causal_conv1d_update_reference,
+    ssm_state_update_reference,
+    track_save_reference,
+)
 
 # The one table of tolerances, keyed by the dtype of the tensor compared
 # (mamba_ssm / causal-conv1d conventions; bf16 one rounding step of values up to ~10).
@@ -52,3 +59,49 @@ def compiled_count(kernel: Any) -> int:
     """Number of compiled variants of a ``triton.jit`` kernel (GPU only)."""
     caches = kernel.device_caches
     return sum(len(entry[0]) for entry in caches.values())
+
+
+def ssm_state_update_ref(
+    state: torch.Tensor,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    src_indices: torch.Tensor,
+    **kw: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The SSM update reference on copies: ``(new_state, out)``."""
+    new = state.clone()
+    out = torch.empty_like(x)
+    ssm_state_update_reference(new, x, dt, A, B, C, out, src_indices, **kw)
+    return new, out
+
+
+def causal_conv1d_update_ref(
+    x: torch.Tensor,
+    conv_state: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    slot_indices: torch.Tensor,
+    *,
+    silu: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The conv update reference on copies: ``(new_conv_state, out)``."""
+    new = conv_state.clone()
+    out = torch.empty_like(x)
+    causal_conv1d_update_reference(x, new, weight, bias, out, slot_indices, silu=silu)
+    return new, out
+
+
+def track_save_ref(
+    conv_pool: torch.Tensor,
+    ssm_pool: torch.Tensor,
+    src_indices: torch.Tensor,
+    track_indices: torch.Tensor,
+    track_mask: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The track-save reference on copies: ``(new_conv_pool, new_ssm_pool)``."""
+    conv, ssm = conv_pool.clone(), ssm_pool.clone()
+    track_save_reference(conv, ssm, src_indices, track_indices, track_mask)
+    return conv, ssm

@@ -8,14 +8,17 @@ import torch
 from hybridmeta.kernels import causal_conv1d_update, ssm_state_update, track_save
 from hybridmeta.kernels._config import SsmLaunchConfig
 from hybridmeta.kernels.conv_update import _conv_update_kernel
-from hybridmeta.kernels.reference import (
+from hybridmeta.kernels.ssm_update import _ssm_update_kernel, launch_ssm_update
+from hybridmeta.kernels.track_save import _track_save_kernel
+from tests.kernels._support import (
+    assert_close,
+    assert_slots_bitwise,
+    bits,
     causal_conv1d_update_ref,
+    compiled_count,
     ssm_state_update_ref,
     track_save_ref,
 )
-from hybridmeta.kernels.ssm_update import _ssm_update_kernel, launch_ssm_update
-from hybridmeta.kernels.track_save import _track_save_kernel
-from tests.kernels._support import assert_close, assert_slots_bitwise, bits, compiled_count
 
 pytestmark = pytest.mark.gpu
 

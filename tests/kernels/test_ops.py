@@ -22,12 +22,14 @@ from hybridmeta.kernels import (
     track_save_from_metadata,
 )
 from hybridmeta.kernels._config import ssm_launch_config
-from hybridmeta.kernels.reference import (
+from tests.kernels._support import (
+    DEVICE,
+    assert_close,
+    bits,
     causal_conv1d_update_ref,
     ssm_state_update_ref,
     track_save_ref,
 )
-from tests.kernels._support import DEVICE, assert_close, bits
 
 H, P, N, G, SLOTS, BS = 4, 8, 16, 2, 8, 3
 
@@ -394,7 +396,7 @@ def test_metadata_entries_use_slots_and_track_fields() -> None:
     )  # fmt: skip
     out = ssm_state_update_from_metadata(
         md, a["state"], a["x"], a["dt"], a["A"], a["B"], a["C"], D=a["D"], z=a["z"],
-        dt_bias=a["dt_bias"], dt_softplus=True,
+        dt_bias=a["dt_bias"], dt_softplus=True, fuse_track=True,
     )  # fmt: skip
     assert_close(out, ref_out, "out")
     assert_close(a["state"], ref_state, "state")
@@ -415,7 +417,7 @@ def test_metadata_entries_use_slots_and_track_fields() -> None:
     assert torch.equal(ssm, ref_ssm)
 
     with pytest.raises(
-        ValueError, match=r"metadata `mamba_cache_indices` has 3 rows but the inputs have bs=2"
+        ValueError, match=r"the metadata has 3 decode rows but the inputs have bs=2"
     ):
         ssm_state_update_from_metadata(
             md, a["state"], a["x"][:2], a["dt"][:2], a["A"], a["B"][:2], a["C"][:2]
@@ -442,7 +444,7 @@ def test_import_switches_on_the_interpreter_without_cuda() -> None:
 
 def test_direct_and_dispatched_paths_agree(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without an observer the kernel is launched directly; through the op it is the same."""
-    import hybridmeta.kernels.ops as ops
+    import hybridmeta.kernels._dispatch as ops
 
     results = []
     for forced in (False, True):

@@ -9,8 +9,14 @@ from hypothesis import strategies as st
 from hybridmeta.kernels import causal_conv1d_update
 from hybridmeta.kernels._config import ConvLaunchConfig
 from hybridmeta.kernels.conv_update import launch_conv_update
-from hybridmeta.kernels.reference import causal_conv1d_update_ref
-from tests.kernels._support import DEVICE, assert_close, assert_slots_bitwise, bits, nan_empty
+from tests.kernels._support import (
+    DEVICE,
+    assert_close,
+    assert_slots_bitwise,
+    bits,
+    causal_conv1d_update_ref,
+    nan_empty,
+)
 from tests.properties.strategies import kernels as kst
 
 

@@ -7,8 +7,14 @@ import torch
 from hypothesis import given
 
 from hybridmeta.kernels import ssm_state_update
-from hybridmeta.kernels.reference import ssm_state_update_ref
-from tests.kernels._support import DEVICE, assert_close, assert_slots_bitwise, bits, nan_empty
+from tests.kernels._support import (
+    DEVICE,
+    assert_close,
+    assert_slots_bitwise,
+    bits,
+    nan_empty,
+    ssm_state_update_ref,
+)
 from tests.properties.strategies import kernels as kst
 
 

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hybridmeta import ForwardMetadata, Mamba2Metadata, fields_of, metadata, tensor_field
-from hybridmeta.core import INDEX, Pad
+from hybridmeta.core import BATCH, INDEX, Pad
 from tests.properties.strategies.metadata import forward_metadata, forward_metadata_kwargs
 
 _SOURCE_NAMES = [s.name for s in fields_of(ForwardMetadata)]
@@ -41,7 +41,7 @@ def test_overrides_change_only_the_named_fields(kw: dict[str, Any], data: st.Dat
         "mamba_cache_indices": torch.arange(bs, dtype=torch.int64),
         "has_mamba_track_mask": False,
         "conv_states_mask_indices": torch.zeros(3, dtype=torch.int32),
-        "track_conv_indices": None,
+        "mamba_track_mask_indices": None,
         "query_start_loc": torch.arange(bs + 1, dtype=torch.int32),
     }
     names = data.draw(st.sets(st.sampled_from(sorted(candidates))))
@@ -57,7 +57,7 @@ def test_overrides_change_only_the_named_fields(kw: dict[str, Any], data: st.Dat
 def test_a_field_added_to_a_source_flows_through_unchanged_derived_class() -> None:
     @metadata
     class Source:
-        slots: torch.Tensor = tensor_field(rows="batch", dtypes=INDEX, pad=Pad.value(-1))
+        slots: torch.Tensor = tensor_field(rows=BATCH, dtypes=INDEX, pad=Pad.value(-1))
         brand_new_flag: bool = False  # the field a later change adds to the source
 
     @metadata

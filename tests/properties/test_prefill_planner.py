@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import torch
 from hypothesis import assume, given
 
 from hybridmeta.chunks import chunk_indices_offsets_oracle
 from hybridmeta.debug import debug_mode
-from hybridmeta.prefill.oracle import oracle_track_plan
+from tests.oracle import oracle_track_plan
 from tests.properties.strategies.prefill import BatchSpec, batch_specs, plan_of
 
 
@@ -43,8 +42,7 @@ def _walk(spec: BatchSpec) -> tuple[list[int], list[int], list[int], list[tuple[
 def test_plan_matches_brute_force(spec: BatchSpec) -> None:
     assume(len(spec.extend_lens) > 0)
     with debug_mode():  # the metadata's syncing validators accept the plan too
-        plan = plan_of(spec)
-    md = plan.metadata
+        md = plan_of(spec)
     n_pre = spec.num_prefills
     qsl = [0]
     for n in spec.extend_lens:
@@ -54,35 +52,6 @@ def test_plan_matches_brute_force(spec: BatchSpec) -> None:
     assert md.num_prefills == n_pre
     assert md.num_decodes == spec.num_decodes
     assert md.num_prefill_tokens == qsl[n_pre]
-    assert md.mamba_track_mask is not None
-    assert md.mamba_track_indices is not None
-    assert md.mamba_track_mask.tolist() == list(spec.track_mask)
-    assert md.has_mamba_track_mask == any(spec.track_mask)
-
-    chunk, pos, row, labels = _walk(spec)
-    if n_pre:
-        assert md.mixed is not None
-        ind, off = chunk_indices_offsets_oracle(spec.extend_lens[:n_pre], spec.chunk_size)
-        assert md.mixed.chunk_indices.tolist() == ind
-        assert md.mixed.chunk_offsets.tolist() == off
-        # the scan's own chunk table agrees with the metadata's logical chunks
-        assert plan.chunk_start.tolist() == [
-            i * spec.chunk_size + o for i, o in zip(ind, off, strict=True)
-        ]
-        assert md.mixed.seq_idx.tolist() == row
-        assert md.mixed.has_initial_states.tolist() == [p > 0 for p in spec.prefix_lens[:n_pre]]
-        assert md.mixed.prep_initial_states == any(p > 0 for p in spec.prefix_lens[:n_pre])
-        assert plan.token_chunk.tolist() == chunk
-        assert plan.token_pos.tolist() == pos
-        last = [max(i for i, rr in enumerate(row) if rr == r) for r in range(n_pre)]
-        assert plan.row_last_chunk.tolist() == [chunk[t] for t in last]
-        T, L = len(row), spec.chunk_size
-        assert plan.phys_last_chunk.tolist() == [
-            chunk[min((j + 1) * L, T) - 1] for j in range(-(-T // L))
-        ]
-    else:
-        assert md.mixed is None
-
     expected = oracle_track_plan(
         spec.extend_lens,
         spec.prefix_lens,
@@ -95,35 +64,51 @@ def test_plan_matches_brute_force(spec: BatchSpec) -> None:
     finals = [t for t in expected if t.kind == "final"]
     hs = [t for t in expected if t.kind == "h"]
     rcs = [t for t in expected if t.kind == "recompute"]
-    tr = plan.track
-    assert tr.final_rows == tuple(t.row for t in finals)
-    assert tr.final_src.tolist() == [spec.slots[t.row] for t in finals]
-    assert tr.final_dst.tolist() == [t.dst for t in finals]
-    assert tr.h_rows == tuple(t.row for t in hs)
-    assert tr.h_src.tolist() == [t.h_index for t in hs]
-    assert tr.h_dst.tolist() == [t.dst for t in hs]
-    assert tr.recompute_rows == tuple(t.row for t in rcs)
-    assert tr.recompute_dst.tolist() == [t.dst for t in rcs]
-    for t, c, n in zip(rcs, tr.recompute_chunk.tolist(), tr.recompute_len.tolist(), strict=True):
-        last_tok = qsl[t.row] + t.k - 1  # the boundary token
-        assert (c, n) == (chunk[last_tok], pos[last_tok] + 1)
-        assert 1 <= n < spec.chunk_size
-    # every h entry's physical chunk ends right after the boundary token
-    for t in hs:
-        assert (t.h_index + 1) * spec.chunk_size == qsl[t.row] + t.k
-    # conv windows: the K-1 inputs before the boundary, of the row itself
-    k1 = spec.conv_kernel - 1
-    mids = hs + rcs
-    assert tr.conv_dst.tolist() == [t.dst for t in mids]
-    assert tuple(tr.conv_indices.shape) == (len(mids), k1)
-    for t, idx in zip(mids, tr.conv_indices.tolist(), strict=True):
-        b = spec.prefix_lens[t.row] + t.k
-        got = [labels[i][1:] for i in idx]
-        assert got == [(t.row, b - k1 + c) for c in range(k1)]
-    # the metadata carries the same plan (conv indices flattened)
-    assert md.track_ssm_h_src is not None
-    assert md.track_ssm_final_dst is not None
-    assert torch.equal(md.track_ssm_h_src, tr.h_src)
-    assert torch.equal(md.track_ssm_final_dst, tr.final_dst)
-    assert md.track_conv_indices is not None
-    assert md.track_conv_indices.tolist() == tr.conv_indices.reshape(-1).tolist()
+    # the forward's mask flags exactly the rows whose boundary ends them; every saving
+    # row's track slot is in mamba_track_indices, the others hold -1
+    assert md.mamba_track_mask is not None and md.mamba_track_indices is not None
+    n = len(spec.extend_lens)
+    assert md.mamba_track_mask.tolist() == [r in {t.row for t in finals} for r in range(n)]
+    saving = {t.row: t.dst for t in expected}
+    assert md.mamba_track_indices.tolist() == [saving.get(r, -1) for r in range(n)]
+    assert md.has_mamba_track_mask == bool(finals)
+
+    chunk, pos, row, labels = _walk(spec)
+    if n_pre:
+        assert md.mixed is not None
+        ch = md.mixed.chunks
+        ind, off = chunk_indices_offsets_oracle(spec.extend_lens[:n_pre], spec.chunk_size)
+        assert ch.start.tolist() == [i * spec.chunk_size + o for i, o in zip(ind, off, strict=True)]
+        assert md.mixed.has_initial_states.tolist() == [p > 0 for p in spec.prefix_lens[:n_pre]]
+        assert ch.token_chunk.tolist() == chunk
+        assert ch.token_pos.tolist() == pos
+        assert ch.row.tolist() == [row[t] for t in ch.start.tolist()]
+        last = [max(i for i, rr in enumerate(row) if rr == r) for r in range(n_pre)]
+        assert ch.row_last_chunk.tolist() == [chunk[t] for t in last]
+        T, L = len(row), spec.chunk_size
+        assert ch.phys_last_chunk.tolist() == [
+            chunk[min((j + 1) * L, T) - 1] for j in range(-(-T // L))
+        ]
+        tr = md.mixed.track
+        assert tr.h_rows.tolist() == [t.row for t in hs]
+        # the h state is the end of the boundary's physical chunk: its last logical chunk
+        assert tr.h_chunk.tolist() == [ch.phys_last_chunk.tolist()[t.h_index] for t in hs]
+        assert tr.recompute_rows.tolist() == [t.row for t in rcs]
+        for t, c, k in zip(rcs, tr.recompute_chunk.tolist(), tr.recompute_len.tolist(), strict=True):
+            last_tok = qsl[t.row] + t.k - 1  # the boundary token
+            assert (c, k) == (chunk[last_tok], pos[last_tok] + 1)
+            assert 1 <= k < spec.chunk_size
+        # every h entry's physical chunk ends right after the boundary token
+        for t in hs:
+            assert (t.h_index + 1) * spec.chunk_size == qsl[t.row] + t.k
+        # conv windows: the K-1 inputs before the boundary, of the row itself
+        k1 = spec.conv_kernel - 1
+        mids = hs + rcs
+        assert tuple(tr.windows.shape) == (len(mids), k1)
+        for t, idx in zip(mids, tr.windows.tolist(), strict=True):
+            b = spec.prefix_lens[t.row] + t.k
+            got = [labels[i][1:] for i in idx]
+            assert got == [(t.row, b - k1 + c) for c in range(k1)]
+    else:
+        assert md.mixed is None
+        assert not hs and not rcs

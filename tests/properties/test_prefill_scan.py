@@ -21,8 +21,8 @@ def test_scan_matches_oracle(spec: BatchSpec) -> None:
     data = make_layer(spec)
     conv0, ssm0 = data.conv_pool.clone(), data.ssm_pool.clone()
     rows = run_oracle(spec, data)
-    plan = plan_of(spec)
-    conv, scan = run_pipeline(spec, data, plan, track=False)
+    md = plan_of(spec)
+    conv, scan = run_pipeline(spec, data, md, track=False)
 
     close(conv.out, torch.cat([r.u for r in rows]))
     close(scan.y, torch.cat([r.y for r in rows]))
@@ -40,7 +40,7 @@ def test_scan_matches_oracle(spec: BatchSpec) -> None:
 
     # chunk states on the global grid: state after the last token of each physical chunk
     assert scan.chunk_states is not None
-    qsl = plan.query_start_loc_cpu
+    qsl = md.query_start_loc.tolist()
     T, L = spec.prefill_tokens, spec.chunk_size
     for j in range(-(-T // L)):
         t_end = min((j + 1) * L, T) - 1

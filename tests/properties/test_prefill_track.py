@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from hypothesis import event, given
 
-from hybridmeta.prefill.oracle import oracle_track_plan
+from tests.oracle import oracle_track_plan
 from tests.properties.strategies.prefill import (
     BatchSpec,
     batch_specs,

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from hybridmeta.runtime.decode_graphs import decode_metadata
+from hybridmeta import ForwardMetadata
+from hybridmeta.kernels import implementation
 from hybridmeta.runtime.engine import Finished, Runtime, RuntimeOptions, cold_logits
 from hybridmeta.runtime.job import kl_per_position
 from hybridmeta.runtime.model import NemotronH
@@ -45,37 +46,34 @@ def _run(rt: Runtime, prompts: Sequence[tuple[list[int], int]]) -> list[Finished
     return [done[r] for r in rids]
 
 
-@pytest.mark.parametrize("prefill", ["hybridmeta", "torch"])
-def test_hits_at_prefill_and_decode_made_boundaries_equal_cold(
-    tiny_model: NemotronH, prefill: str
-) -> None:
-    rt = Runtime(tiny_model, _opts(prefill_backend=prefill))
+def test_hits_at_prefill_and_decode_made_boundaries_equal_cold(tiny_model: NemotronH) -> None:
+    rt = Runtime(tiny_model, _opts())
     base = _tokens(37, seed=1)
-    # boundaries 16 (torch backend only: hybridmeta.prefill saves a row's last one) and
-    # 32 in prefill; 48 in decode
+    # boundaries 16 and 32 in prefill (the planner saves a row's last one: 32); 48 in decode
     (first,) = _run(rt, [(base, 20)])
     assert first.cached_tokens == 0
     follow = _run(
         rt,
         [
             ([*base[:35], 1, 2], 5),  # hits 32 (prefill-made)
-            ([*base[:20], 1, 2], 5),  # hits 16 (torch) / misses (hybridmeta)
+            ([*base[:20], 1, 2], 5),  # misses: 16 was crossed, not saved
             ([*list(first.tokens[:50]), 3], 6),  # hits 48 (decode-made)
         ],
     )
-    assert [f.cached_tokens for f in follow] == [32, 16 if prefill == "torch" else 0, 48]
+    assert [f.cached_tokens for f in follow] == [32, 0, 48]
     for f in [first, *follow]:
         assert float(_cold_kl(tiny_model, f).max()) <= KL_FP32
-    assert rt.cache.hits == (3 if prefill == "torch" else 2)
+    assert rt.cache.hits == 2
 
 
 @pytest.mark.interpreter
 def test_triton_decode_kernels_in_graphs_equal_cold(tiny_model: NemotronH) -> None:
     """hybridmeta.kernels under the graph emulation (Triton interpreter on the CPU)."""
-    rt = Runtime(tiny_model, _opts(decode_kernels="triton", num_working=2))
-    base = _tokens(30, seed=5)
-    (first,) = _run(rt, [(base, 4)])  # boundary 32 reached by decode
-    (hit,) = _run(rt, [([*list(first.tokens[:33]), 9], 2)])
+    with implementation("triton"):
+        rt = Runtime(tiny_model, _opts(num_working=2))
+        base = _tokens(30, seed=5)
+        (first,) = _run(rt, [(base, 4)])  # boundary 32 reached by decode
+        (hit,) = _run(rt, [([*list(first.tokens[:33]), 9], 2)])
     assert hit.cached_tokens == 32
     for f in (first, hit):
         assert float(_cold_kl(tiny_model, f).max()) <= KL_FP32
@@ -140,18 +138,22 @@ def test_decode_graph_pad_rows_leave_other_slots_untouched(tiny_model: NemotronH
     pool = rt.pool
     before = [t.clone() for t in (pool.conv, pool.ssm, pool.k, pool.v)]
     # 3 live rows in bucket 4 (row 3 is padding); row 0 also saves its state to track slot 9
-    fwd = decode_metadata(
-        torch.tensor([2, 3, 4]), torch.tensor([9, -1, -1]), torch.tensor([True, False, False])
+    fwd = ForwardMetadata(
+        query_start_loc=torch.arange(4),
+        mamba_cache_indices=torch.tensor([1, 2, 3]),
+        mamba_track_indices=torch.tensor([9, -1, -1]),
+        mamba_track_mask=torch.tensor([True, False, False]),
+        has_mamba_track_mask=True,
     )
     rt.graphs.run(fwd, torch.tensor([5, 6, 7]), torch.tensor([20, 21, 22]))
-    others = [s for s in range(pool.num_slots) if s not in (0, 2, 3, 4, 9)]
+    others = [s for s in range(pool.num_slots) if s not in (1, 2, 3, 9)]
     after = (pool.conv, pool.ssm, pool.k, pool.v)
     for b, a in zip(before, after, strict=True):
         assert torch.equal(b[:, others], a[:, others])
-        assert not torch.equal(b[:, 2], a[:, 2])  # the live rows did write their slots
+        assert not torch.equal(b[:, 1], a[:, 1])  # the live rows did write their slots
     # the track slot got row 0's new Mamba state (the KV row is the engine's copy)
-    assert torch.equal(pool.conv[:, 9], pool.conv[:, 2])
-    assert torch.equal(pool.ssm[:, 9], pool.ssm[:, 2])
+    assert torch.equal(pool.conv[:, 9], pool.conv[:, 1])
+    assert torch.equal(pool.ssm[:, 9], pool.ssm[:, 1])
 
 
 def test_submit_refuses_bad_requests(tiny_model: NemotronH) -> None:
@@ -174,10 +176,6 @@ def test_runtime_options_are_validated(tiny_model: NemotronH) -> None:
         Runtime(tiny_model, _opts(track_interval=12))
     with pytest.raises(ValueError, match="max_prefill_tokens must be >= track_interval"):
         Runtime(tiny_model, _opts(max_prefill_tokens=8))
-    with pytest.raises(ValueError, match="prefill_backend must be 'torch' or 'hybridmeta'"):
-        Runtime(tiny_model, _opts(prefill_backend="cuda"))
-    with pytest.raises(ValueError, match="decode_kernels must be 'torch' or 'triton'"):
-        Runtime(tiny_model, _opts(decode_kernels="flashinfer"))
 
 
 def test_identical_prompts_in_one_step_share_one_track_slot(tiny_model: NemotronH) -> None:

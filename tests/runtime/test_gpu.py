@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from hybridmeta.kernels import Impl, implementation
 from hybridmeta.runtime.engine import Finished, Runtime, RuntimeOptions
 from hybridmeta.runtime.job import kl_per_position, main_job
 from hybridmeta.runtime.loader import load_nemotron_h
@@ -68,35 +69,35 @@ def test_real_cuda_graphs_are_used(bf16_model: NemotronH) -> None:
     assert rt.graphs.backend_name == "cuda"
 
 
-@pytest.mark.parametrize("kernels", ["torch", "triton"])
-def test_cache_hits_match_cold_recompute_bf16(bf16_model: NemotronH, kernels: str) -> None:
-    hit = _workload(Runtime(bf16_model, _opts(decode_kernels=kernels)))
-    forced = [f.output for f in hit]
-    cold = _workload(
-        Runtime(bf16_model, _opts(use_prefix_cache=False, decode_kernels=kernels)), forced
-    )
+@pytest.mark.parametrize("kernels", ["reference", "triton"])
+def test_cache_hits_match_cold_recompute_bf16(bf16_model: NemotronH, kernels: Impl) -> None:
+    with implementation(kernels):
+        hit = _workload(Runtime(bf16_model, _opts()))
+        forced = [f.output for f in hit]
+        cold = _workload(Runtime(bf16_model, _opts(use_prefix_cache=False)), forced)
     hits = [i for i, f in enumerate(hit) if f.cached_tokens > 0]
     assert sorted({hit[i].cached_tokens for i in hits}) == [16, 32]
     kl = torch.cat([kl_per_position(hit[i].logprobs, cold[i].logprobs) for i in hits])
     assert float(kl.mean()) <= KL_BF16_MEAN, kl
 
 
-@pytest.mark.parametrize("kernels", ["torch", "triton"])
-def test_graph_replay_equals_eager_bf16(bf16_model: NemotronH, kernels: str) -> None:
-    graph = _workload(Runtime(bf16_model, _opts(decode_kernels=kernels)))
-    forced = [f.output for f in graph]
-    eager = _workload(Runtime(bf16_model, _opts(use_graphs=False, decode_kernels=kernels)), forced)
+@pytest.mark.parametrize("kernels", ["reference", "triton"])
+def test_graph_replay_equals_eager_bf16(bf16_model: NemotronH, kernels: Impl) -> None:
+    with implementation(kernels):
+        graph = _workload(Runtime(bf16_model, _opts()))
+        forced = [f.output for f in graph]
+        eager = _workload(Runtime(bf16_model, _opts(use_graphs=False)), forced)
     kl = torch.cat(
         [kl_per_position(g.logprobs, e.logprobs) for g, e in zip(graph, eager, strict=True)]
     )
     assert float(kl.mean()) <= KL_BF16_MEAN, kl
 
 
-@pytest.mark.parametrize("kernels", ["torch", "triton"])
+@pytest.mark.parametrize("kernels", ["reference", "triton"])
 def test_main_job_on_cuda(kernels: str) -> None:
     out = io.StringIO()
-    rc = main_job(["--device", "cuda", "--quiet", "--decode-kernels", kernels], out=out)
+    rc = main_job(["--device", "cuda", "--quiet", "--kernels", kernels], out=out)
     text = out.getvalue()
     print(text)  # the table, for the GPU run's log
     assert rc == 0, text
-    assert f"graph replay (cuda, {kernels} decode) vs eager" in text
+    assert f"graph replay (cuda, {kernels} kernels) vs eager" in text

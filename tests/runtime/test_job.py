@@ -9,11 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from hybridmeta import kernels
 from hybridmeta.model import Mamba2Metadata
-from hybridmeta.runtime import decode_graphs
 from hybridmeta.runtime import job as job_module
 from hybridmeta.runtime.job import main_job
-from hybridmeta.runtime.state import DUMMY_SLOT, StatePool
 from hybridmeta.runtime.tiny import write_tiny_checkpoint
 
 
@@ -29,7 +28,7 @@ def test_main_job_passes_on_the_embedded_default() -> None:
     assert rc == 0, text
     assert "all checks passed" in text
     for row in (
-        "graph replay (emulated, torch decode) vs eager",
+        "graph replay (emulated, reference kernels) vs eager",
         "cache hit vs cold recompute",
         "hits at prefill-made boundaries",
         "hits at decode-made boundaries",
@@ -48,14 +47,18 @@ def test_main_job_fails_when_tracked_state_is_stale(monkeypatch: pytest.MonkeyPa
     """The stale-tail defect's symptom: the decode track-save copies slot 0 (a never-refreshed
     row) instead of the live row's slot; the job must notice and exit non-zero."""
 
-    def stale(pool: StatePool, md: Mamba2Metadata, kernels: str) -> None:
+    def stale(
+        md: Mamba2Metadata, conv_pool: torch.Tensor, ssm_pool: torch.Tensor, **kw: object
+    ) -> None:
+        if not md.has_mamba_track_mask:
+            return
         assert md.mamba_track_indices is not None and md.mamba_track_mask is not None
-        dst = torch.where(md.mamba_track_mask, md.mamba_track_indices, DUMMY_SLOT)
-        src = torch.full_like(dst, DUMMY_SLOT)
-        for t in (pool.conv, pool.ssm):
-            t.index_copy_(1, dst, t.index_select(1, src))
+        src = torch.zeros_like(md.mamba_cache_indices)  # a row nobody refreshed: slot 0
+        kernels.track_save_reference(
+            conv_pool, ssm_pool, src, md.mamba_track_indices, md.mamba_track_mask
+        )
 
-    monkeypatch.setattr(decode_graphs, "_track_save", stale)
+    monkeypatch.setattr(kernels, "track_save_from_metadata", stale)
     rc, text = _run(["--device", "cpu", "--quiet", "--prompts", "3", "--no-transformers"])
     assert rc == 1
     fail = next(ln for ln in text.splitlines() if ln.startswith("cache hit vs cold recompute"))
@@ -63,23 +66,25 @@ def test_main_job_fails_when_tracked_state_is_stale(monkeypatch: pytest.MonkeyPa
     assert "cache hit vs cold recompute" in text.splitlines()[-1]
 
 
-def test_main_job_on_a_model_dir_with_the_torch_prefill(tiny_dir: Path) -> None:
+def test_main_job_on_a_model_dir_with_the_reference_ops(tiny_dir: Path) -> None:
     rc, text = _run(
         [
             "--quiet",
             "--model",
             str(tiny_dir),
+            "--device",
+            "cpu",
             "--prompts",
             "2",
-            "--prefill-backend",
-            "torch",
+            "--kernels",
+            "reference",
             "--no-transformers",
             "--slots",
             "1",
         ]
     )
     assert rc == 0, text
-    assert "prefill: torch, decode: torch" in text
+    assert "Mamba2 ops: reference" in text
     assert "1 working / 16 track slots" in text
 
 

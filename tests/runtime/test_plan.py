@@ -1,22 +1,20 @@
-"""Prefill plans: padding round trip, positions, track targets on the row's chunk grid."""
+"""The attention layers' plan: padding round trip, positions, one staged copy."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from hybridmeta.runtime.plan import PrefillRow, TrackTarget, build_prefill_plan
+from hybridmeta.runtime.plan import attention_host_plan
+from hybridmeta.staging import to_device_packed
 
 CPU = torch.device("cpu")
 
 
 def test_gather_scatter_round_trip_and_positions() -> None:
-    rows = [
-        PrefillRow(slot=3, start=0, length=5, has_initial_state=False),
-        PrefillRow(slot=1, start=16, length=11, has_initial_state=True),
-    ]
-    plan = build_prefill_plan(rows, [], chunk_size=8, device=CPU)
-    assert plan.padded_len == 16
+    ah = attention_host_plan([5, 11], [0, 16])
+    plan = ah.plan(to_device_packed(ah.arrays, CPU))
+    assert plan.padded_len == 11
     flat = torch.arange(16) + 100
     padded = torch.cat([flat, torch.tensor([-1])])[plan.gather]  # [P, L]
     assert padded[0, :5].tolist() == [100, 101, 102, 103, 104]
@@ -24,50 +22,21 @@ def test_gather_scatter_round_trip_and_positions() -> None:
     assert padded[1, :11].tolist() == list(range(105, 116))
     assert torch.equal(padded.reshape(-1)[plan.scatter], flat)
     assert plan.valid.sum(1).tolist() == [5, 11]
-    assert plan.token_slot.tolist() == [3] * 5 + [1] * 11
+    assert plan.token_row.tolist() == [0] * 5 + [1] * 11
     assert plan.token_pos.tolist() == list(range(5)) + list(range(16, 27))
     assert plan.last.tolist() == [4, 15]
-
-
-def test_track_targets_map_to_chunk_indices() -> None:
-    rows = [PrefillRow(slot=1, start=16, length=20, has_initial_state=True)]
-    plan = build_prefill_plan(
-        rows, [TrackTarget(row=0, boundary=32, slot=7)], chunk_size=8, device=CPU
-    )
-    assert plan.track_rel.tolist() == [16]
-    assert plan.track_chunk.tolist() == [2]
-    assert plan.track_slot.tolist() == [7]
+    assert plan.starts.tolist() == [0, 16]
 
 
 @pytest.mark.parametrize(
-    ("rows", "tracks", "message"),
+    ("lengths", "starts", "match"),
     [
-        ([], [], "rows must not be empty"),
-        ([PrefillRow(slot=1, start=0, length=0, has_initial_state=False)], [], "length >= 1"),
-        (
-            [PrefillRow(slot=1, start=8, length=4, has_initial_state=False)],
-            [],
-            "has_initial_state is False",
-        ),
-        (
-            [PrefillRow(slot=1, start=0, length=20, has_initial_state=False)],
-            [TrackTarget(row=0, boundary=12, slot=5)],
-            "chunk grid",
-        ),
-        (
-            [PrefillRow(slot=1, start=0, length=20, has_initial_state=False)],
-            [TrackTarget(row=0, boundary=24, slot=5)],
-            r"must lie in \(0, 20\]",
-        ),
-        (
-            [PrefillRow(slot=1, start=0, length=20, has_initial_state=False)],
-            [TrackTarget(row=2, boundary=8, slot=5)],
-            "is not a row index",
-        ),
+        ([], [], "need one start per row and >= 1 row"),
+        ([3], [0, 1], "need one start per row"),
+        ([0], [0], "every row needs length >= 1 and start >= 0"),
+        ([2], [-1], "every row needs length >= 1 and start >= 0"),
     ],
 )
-def test_bad_plans_are_refused(
-    rows: list[PrefillRow], tracks: list[TrackTarget], message: str
-) -> None:
-    with pytest.raises(ValueError, match=message):
-        build_prefill_plan(rows, tracks, chunk_size=8, device=CPU)
+def test_refuses_bad_rows(lengths: list[int], starts: list[int], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        attention_host_plan(lengths, starts)

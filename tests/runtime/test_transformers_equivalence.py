@@ -12,9 +12,12 @@ from typing import Any
 import pytest
 import torch
 
+from hybridmeta.model import Mamba2Metadata
+from hybridmeta.planner import plan_host
 from hybridmeta.runtime.model import NemotronH
-from hybridmeta.runtime.plan import DecodeInputs, PrefillRow, build_prefill_plan
+from hybridmeta.runtime.plan import AttentionPlan, attention_host_plan
 from hybridmeta.runtime.state import StatePool
+from hybridmeta.staging import to_device_packed
 
 transformers = pytest.importorskip("transformers")
 
@@ -39,19 +42,24 @@ def _ours(model: NemotronH, tokens: torch.Tensor, prompt_len: int) -> torch.Tens
         device=torch.device("cpu"),
         dtype=torch.float32,
     )
-    plan = build_prefill_plan(
-        [PrefillRow(slot=2, start=0, length=prompt_len, has_initial_state=False)],
-        [],
-        chunk_size=model.config.chunk_size,
-        device=torch.device("cpu"),
-    )
+    cpu = torch.device("cpu")
+    cfg = model.config
+
+    def plan(start: int, length: int, decode: bool) -> tuple[Mamba2Metadata, AttentionPlan]:
+        hp = plan_host(
+            extend_lens=[length], prefix_lens=[start], slots=[1], num_decodes=int(decode),
+            chunk_size=cfg.chunk_size, conv_kernel=cfg.conv_kernel,
+        )  # fmt: skip
+        ah = attention_host_plan([length], [start])
+        views = to_device_packed({**hp.arrays, **ah.arrays}, cpu)
+        return hp.metadata(views), ah.plan(views)
+
     with torch.no_grad():
-        out = [model.forward_prefill(tokens[:prompt_len], plan, pool, all_logits=True)]
+        md, attn = plan(0, prompt_len, decode=False)
+        out = [model.forward_prefill(tokens[:prompt_len], md, attn, pool, all_logits=True)]
         for i in range(prompt_len, tokens.shape[0]):
-            inputs = DecodeInputs(
-                input_ids=tokens[i : i + 1], slots=torch.tensor([2]), positions=torch.tensor([i])
-            )
-            out.append(model.forward_decode(inputs, pool))
+            md, _ = plan(i, 1, decode=True)
+            out.append(model.forward_decode(tokens[i : i + 1], torch.tensor([i]), md, pool))
     return torch.cat(out)
 
 

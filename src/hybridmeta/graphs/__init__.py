@@ -1,8 +1,6 @@
 """Static CUDA-graph buffers, the capture/replay runner, and the CPU graph emulation."""
 
 from hybridmeta.graphs.buffers import (
-    SLOT_FIELDS,
-    TRANSLATED_FIELDS,
     InputSpec,
     StaticBuffers,
     bucket_for,
@@ -19,8 +17,6 @@ from hybridmeta.graphs.capture import (
 from hybridmeta.graphs.runner import GraphRunner, StepFn
 
 __all__ = [
-    "SLOT_FIELDS",
-    "TRANSLATED_FIELDS",
     "CapturedGraph",
     "CudaGraphBackend",
     "EmulatedGraphBackend",

@@ -6,53 +6,52 @@ bucket ``B >= bs``, needs rows ``[0:bs)`` to hold the step's values and rows ``[
 hold padding that makes the kernels do nothing. Rows ``[B:max_bs)`` must never be read.
 
 :class:`StaticBuffers` is declared from the metadata classes themselves: one buffer per
-per-row field of :class:`~hybridmeta.model.ForwardMetadata` (``rows`` ``"batch"`` or
-``"batch+1"``), padded with the field's declared :class:`~hybridmeta.core.PadRule`. A new
+per-row field of :class:`~hybridmeta.model.ForwardMetadata` (``rows`` ``BATCH`` or
+``BATCH + 1``), padded with the field's declared :class:`~hybridmeta.core.PadRule`. A new
 per-row field gets its buffer with no change here. :meth:`StaticBuffers.refresh` writes the
 live rows and the pad in place and returns :class:`~hybridmeta.model.Mamba2Metadata` whose
 tensors are views of exactly ``B`` rows; the raw buffers are never handed out, which makes
 the stale-tail defect (a kernel handed the whole ``max_bs`` buffer, slicing ``[-n:]``,
 sglang #32555) unrepresentable through this API.
 
-Virtual-to-physical slot translation happens in exactly one place,
-:meth:`StaticBuffers._write_live`, for the fields in :data:`TRANSLATED_FIELDS`.
+Everything here follows the declarations (:func:`hybridmeta.core.fields_of`): which fields
+are buffered (per-row ``BATCH`` rows), their pad (``PadRule``), their trailing columns
+(``cols``), which carry slot ids and which of those are translated (``Role``), which host
+flag a captured value subsumes (``Role.SUBSUMED_FLAG``). A new per-row field of
+``ForwardMetadata`` needs no edit here. Virtual-to-physical slot translation happens in
+exactly one place, :meth:`StaticBuffers._write_live`, for the fields whose role is
+translated (``Role.WORKING_SLOT``).
+
+Checks before anything is written: structure always (shapes, dtypes, devices, host
+values); slot ranges always when the step's values live on the host (CPU buffers: the
+bound costs no sync), on a GPU in debug mode; every declared value rule
+(:func:`hybridmeta.core.check_values`, on *physical* ids after translation) and NaN inputs
+in debug mode.
 """
 
 from __future__ import annotations
 
 import bisect
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Any, Final, cast
+from typing import Any, Final
 
 import attrs
 import torch
 
-from hybridmeta.core import INDEX, FieldSpec, fields_of
+from hybridmeta.core import BATCH, INDEX, TOKENS, Dim, FieldSpec, Role, check_values, fields_of
 from hybridmeta.debug import is_debug
 from hybridmeta.graphs.capture import canonical_device
 from hybridmeta.model import ForwardMetadata, Mamba2Metadata, prepare_decode, prepare_target_verify
 
 __all__ = [
-    "SLOT_FIELDS",
-    "TRANSLATED_FIELDS",
     "InputSpec",
     "StaticBuffers",
     "bucket_for",
     "default_buckets",
 ]
 
-#: Fields holding state-pool slot ids: live values must be in ``[0, num_slots)``.
-SLOT_FIELDS: Final[tuple[str, ...]] = ("mamba_cache_indices", "mamba_track_indices")
-#: Fields that carry *virtual* slot ids (request-pool indices) when a slot table is given;
-#: :meth:`StaticBuffers._write_live` is the one place that maps them to physical slots.
-TRANSLATED_FIELDS: Final[tuple[str, ...]] = ("mamba_cache_indices",)
-#: Host flags whose captured ``True`` also covers a ``False`` step: the captured kernels are
-#: masked per row, so with every mask row ``False`` they do nothing.
-_SUBSUMED_FLAGS: Final[frozenset[str]] = frozenset({"has_mamba_track_mask"})
 #: Bound on cached refresh plans (one per bs, bucket and optional-field presence).
 _MAX_PLANS: Final = 8192
-#: Per-row fields that must be live slots in every live row (their pad is a sentinel).
-_SENTINEL_PADDED: Final[tuple[str, ...]] = ("mamba_cache_indices",)
 
 
 def default_buckets(max_bs: int) -> tuple[int, ...]:
@@ -78,19 +77,19 @@ class InputSpec:
     dtype : torch.dtype
         Required dtype of the live input.
     rows : str
-        ``"batch"`` (one row per request) or ``"tokens"`` (``draft_token_num`` per request).
+        ``BATCH`` (one row per request) or ``TOKENS`` (``draft_token_num`` per request).
     pad : int, float or bool
         Value written into padded rows (defined input for the pad rows' outputs).
     """
 
     shape: tuple[int, ...]
     dtype: torch.dtype
-    rows: str = "batch"
+    rows: Dim = BATCH
     pad: int | float | bool = 0
 
     def __attrs_post_init__(self) -> None:
-        if self.rows not in ("batch", "tokens"):
-            raise ValueError(f"InputSpec.rows must be 'batch' or 'tokens', got {self.rows!r}")
+        if self.rows not in (BATCH, TOKENS):
+            raise ValueError(f"InputSpec.rows must be BATCH or TOKENS, got {self.rows!r}")
 
 
 def _err(name: str, rule: str) -> ValueError:
@@ -130,30 +129,31 @@ class StaticBuffers:
     Parameters
     ----------
     max_bs : int
-        Largest batch (request rows) any captured graph serves. Buffers of ``"batch"``
+        Largest batch (request rows) any captured graph serves. Buffers of ``BATCH``
         fields have ``max_bs`` rows, ``query_start_loc`` has ``max_bs + 1``, per-token
         inputs have ``max_bs * draft_token_num``.
     num_slots : int
         Size of the state pool: live slot ids must lie in ``[0, num_slots)``.
     device : torch.device or str
         Device of the buffers; live tensors must be on it.
-    optional_fields : collection of str
-        Optional per-row ``ForwardMetadata`` fields to buffer (default: the track fields).
-        A step that sets an optional per-row field not buffered here is refused, so no field
-        is silently dropped; a buffered optional field that a step leaves ``None`` is padded
+    optional_fields : collection of str, optional
+        Optional per-row ``ForwardMetadata`` fields to buffer (default: every one). A step
+        that sets an optional per-row field not buffered here is refused, so no field is
+        silently dropped; a buffered optional field that a step leaves ``None`` is padded
         over the whole bucket.
     static : mapping of str to object
         Values of the non-tensor ``ForwardMetadata`` fields fixed at capture (default: the
-        field defaults, and ``has_mamba_track_mask=True`` when the track fields are
-        buffered). A step whose host values differ is refused: the graph would not do what
-        the step asks.
+        declared defaults, and ``True`` for a ``Role.SUBSUMED_FLAG`` whose governed fields
+        are all buffered). A step whose host values differ is refused: the graph would not
+        do what the step asks; a subsumed flag captured ``True`` also serves ``False``.
     index_dtype : torch.dtype
         Dtype of the index buffers (live index tensors must match it exactly).
     inputs : mapping of str to InputSpec
         Static step inputs (hidden states, ...), refreshed and padded with the metadata.
     slot_table : torch.Tensor, optional
         ``[num_virtual]`` map from virtual slot ids (request-pool indices) to physical state
-        slots. When given, the :data:`TRANSLATED_FIELDS` of a step hold virtual ids.
+        slots. When given, the translated slot fields (``Role.WORKING_SLOT``) of a step
+        hold virtual ids.
     """
 
     def __init__(
@@ -162,27 +162,29 @@ class StaticBuffers:
         max_bs: int,
         num_slots: int,
         device: torch.device | str,
-        optional_fields: Collection[str] = ("mamba_track_indices", "mamba_track_mask"),
+        optional_fields: Collection[str] | None = None,
         static: Mapping[str, object] | None = None,
         index_dtype: torch.dtype = torch.int64,
         inputs: Mapping[str, InputSpec] | None = None,
         slot_table: torch.Tensor | None = None,
     ) -> None:
-        if max_bs <= 0:
-            raise ValueError(f"StaticBuffers: max_bs must be > 0, got {max_bs}")
-        if num_slots <= 0:
-            raise ValueError(f"StaticBuffers: num_slots must be > 0, got {num_slots}")
+        if isinstance(max_bs, bool) or not isinstance(max_bs, int) or max_bs <= 0:
+            raise ValueError(f"StaticBuffers: max_bs must be an int > 0, got {max_bs!r}")
+        if isinstance(num_slots, bool) or not isinstance(num_slots, int) or num_slots <= 0:
+            raise ValueError(f"StaticBuffers: num_slots must be an int > 0, got {num_slots!r}")
         if index_dtype not in INDEX:
             raise ValueError(
                 f"StaticBuffers: index_dtype must be int32 or int64, got {index_dtype}"
             )
         self.max_bs = max_bs
         self.num_slots = num_slots
-        self.device = canonical_device(device)
+        self.device = _usable_device(device)
         self.index_dtype = index_dtype
 
         specs = fields_of(ForwardMetadata)
         by_name = {s.name: s for s in specs}
+        if optional_fields is None:
+            optional_fields = tuple(s.name for s in specs if s.per_row and s.optional)
         for name in optional_fields:
             spec = by_name.get(name)
             if spec is None or not spec.per_row or not spec.optional:
@@ -193,25 +195,27 @@ class StaticBuffers:
         self._buffered: tuple[FieldSpec, ...] = tuple(
             s for s in specs if s.per_row and (not s.optional or s.name in optional_fields)
         )
-        self._static = self._static_values(specs, dict(static or {}), optional_fields)
+        self._static = self._static_values(specs, dict(static or {}), self._buffered)
         draft = self._static["draft_token_num"]
-        if not isinstance(draft, int) or draft < 1:
+        if isinstance(draft, bool) or not isinstance(draft, int) or draft < 1:
             raise ValueError(
                 f"StaticBuffers: static draft_token_num must be an int >= 1, got {draft!r}"
             )
         self.draft_token_num = draft
         self.is_target_verify = bool(self._static["is_target_verify"])
         self.max_tokens = max_bs * self.draft_token_num
+        self._subsumed = frozenset(s.name for s in specs if s.role is Role.SUBSUMED_FLAG)
+        self._translated = tuple(s.name for s in self._buffered if s.role.translated)
 
         self._inputs: dict[str, InputSpec] = dict(inputs or {})
         # rows_of(name, b) = b * scale + extra, for every buffer (read per step for inputs).
         self._row_rule: dict[str, tuple[int, int]] = {
-            s.name: (1, 1 if s.rows == "batch+1" else 0) for s in self._buffered
+            s.name: (1, s.rows.offset if s.rows is not None else 0) for s in self._buffered
         }
         for name, ispec in self._inputs.items():
             if name in self._row_rule:
                 raise ValueError(f"StaticBuffers: input {name!r} collides with a metadata field")
-            self._row_rule[name] = (1 if ispec.rows == "batch" else self.draft_token_num, 0)
+            self._row_rule[name] = (1 if ispec.rows == BATCH else self.draft_token_num, 0)
 
         self._buffers: dict[str, torch.Tensor] = {}
         # Constant pad sources, so padding joins the refresh's foreach copies.
@@ -243,31 +247,32 @@ class StaticBuffers:
 
     # ------------------------------------------------------------------ construction
 
+    @staticmethod
     def _static_values(
-        self,
         specs: tuple[FieldSpec, ...],
         given: dict[str, object],
-        optional_fields: Collection[str],
+        buffered: tuple[FieldSpec, ...],
     ) -> dict[str, object]:
-        defaults = {a.name: a.default for a in attrs.fields(cast(Any, ForwardMetadata))}
-        host_names = [s.name for s in specs if not s.is_tensor]
-        unknown = set(given) - set(host_names)
+        host = [s for s in specs if not s.is_tensor]
+        unknown = set(given) - {s.name for s in host}
         if unknown:
             raise ValueError(
                 f"StaticBuffers: static names non-tensor ForwardMetadata fields only; unknown "
-                f"{sorted(unknown)} (known: {host_names})"
+                f"{sorted(unknown)} (known: {[s.name for s in host]})"
             )
+        names = {b.name for b in buffered}
         out: dict[str, object] = {}
-        for name in host_names:
-            if name in given:
-                out[name] = given[name]
-            elif name == "has_mamba_track_mask":
-                # Capture the masked track-save whenever both track fields are buffered.
-                out[name] = {"mamba_track_mask", "mamba_track_indices"} <= set(optional_fields)
-            elif defaults[name] is attrs.NOTHING:
-                raise ValueError(f"StaticBuffers: static must give {name!r} (no default)")
+        for spec in host:
+            if spec.name in given:
+                out[spec.name] = given[spec.name]
+            elif spec.role is Role.SUBSUMED_FLAG:
+                # Capture the masked work whenever every field it governs is buffered: a
+                # step that does nothing then runs it with every row masked off.
+                out[spec.name] = bool(spec.governs) and set(spec.governs) <= names
+            elif spec.default is attrs.NOTHING:
+                raise ValueError(f"StaticBuffers: static must give {spec.name!r} (no default)")
             else:
-                out[name] = defaults[name]
+                out[spec.name] = spec.default
         return out
 
     def _allocate_field(self, spec: FieldSpec) -> None:
@@ -278,7 +283,7 @@ class StaticBuffers:
         else:
             dtype = spec.dtypes[0]
         rows = self.rows_of(spec.name, self.max_bs)
-        trailing = (self.draft_token_num,) if spec.ndim == 2 else ()
+        trailing = self._trailing(spec)
         fill = 0 if spec.pad.value is None else spec.pad.value
         buf = torch.full((rows, *trailing), fill, dtype=dtype, device=self.device)
         self._buffers[spec.name] = buf
@@ -290,6 +295,18 @@ class StaticBuffers:
             i = torch.arange(rows, dtype=dtype)
             table = torch.minimum(i[None, :], i[:, None]) * self.draft_token_num
             self._pad_src[spec.name] = table.to(self.device)
+
+    def _trailing(self, spec: FieldSpec) -> tuple[int, ...]:
+        if spec.cols is not None:
+            cols = self._static[spec.cols]
+            assert isinstance(cols, int)
+            return (cols,)
+        if spec.ndim is not None and spec.ndim > 1:
+            raise ValueError(
+                f"StaticBuffers: per-row field {spec.name!r} has {spec.ndim} dimensions but "
+                "declares no cols: its buffer shape is unknown"
+            )
+        return ()
 
     def _check_slot_table(self, table: torch.Tensor) -> torch.Tensor:
         # Setup time, not the hot path: reading the table once is acceptable.
@@ -340,8 +357,8 @@ class StaticBuffers:
         ----------
         step : ForwardMetadata
             The step's live rows (``bs`` of them), on this buffer's device, index dtype
-            ``index_dtype``. Slot fields in :data:`TRANSLATED_FIELDS` hold virtual ids when a
-            slot table was given.
+            ``index_dtype``. Translated slot fields (``Role.WORKING_SLOT``) hold virtual ids
+            when a slot table was given.
         bucket : int
             Captured batch size ``B``, ``bs <= B <= max_bs``.
         inputs : mapping of str to torch.Tensor, optional
@@ -356,9 +373,11 @@ class StaticBuffers:
         Raises
         ------
         ValueError
-            Naming the field and the rule, before anything is written. Checks that read
-            device values (slot range, duplicates, pad values in live rows, monotone
-            ``query_start_loc``) run only in debug mode.
+            Naming the field and the rule, before anything is written. Slot ranges are
+            checked always on CPU buffers and in debug mode on a GPU (a device read); the
+            declared value rules (:func:`hybridmeta.core.check_values` on physical ids:
+            duplicates, pad values in live rows, track slots that are working slots,
+            offsets) and NaN inputs in debug mode only.
         """
         live_inputs = inputs if inputs is not None else {}
         bs = self._validate(step, bucket, live_inputs)
@@ -381,8 +400,8 @@ class StaticBuffers:
     def poison_(self, start: int, fill: Callable[[str, torch.Tensor], None]) -> None:
         """Testing aid: let ``fill(name, tail)`` overwrite rows past ``start`` of each buffer.
 
-        ``tail`` is rows ``[start:)`` of a ``"batch"`` buffer, ``[start + 1:)`` of a
-        ``"batch+1"`` buffer and ``[start * draft_token_num:)`` of a per-token input. Used
+        ``tail`` is rows ``[start:)`` of a ``BATCH`` buffer, ``[start + 1:)`` of a
+        ``BATCH + 1`` buffer and ``[start * draft_token_num:)`` of a per-token input. Used
         by tests that poison everything past the refreshed prefix (NaN, other requests'
         slots) and check that nothing captured reads it.
         """
@@ -415,7 +434,7 @@ class StaticBuffers:
         self._check_bucket(bucket, bs)
         for name, captured in self._static_items:
             live = getattr(step, name)
-            if live == captured or (name in _SUBSUMED_FLAGS and captured and not live):
+            if live == captured or (name in self._subsumed and captured and not live):
                 continue
             raise _err(
                 name,
@@ -443,8 +462,12 @@ class StaticBuffers:
                 raise _err(name, f"must have dtype {dtype} (the static buffer's), got {t.dtype}")
         if self._inputs or inputs:
             self._validate_inputs(inputs, bs)
-        if is_debug():
-            self._validate_values(step, bs)
+        debug = is_debug()
+        if debug or self.device.type == "cpu":
+            # Host-known values (CPU buffers) cost no sync to bound; on a GPU, debug only.
+            self._validate_ranges(step)
+        if debug:
+            self._validate_values(step, inputs)
         return bs
 
     def _validate_inputs(self, inputs: Mapping[str, torch.Tensor], bs: int) -> None:
@@ -457,6 +480,14 @@ class StaticBuffers:
                 f"{sorted(missing)}, unknown {sorted(extra)}",
             )
         for name, t in inputs.items():
+            if not isinstance(t, torch.Tensor):
+                raise _err(f"input {name}", f"must be a torch.Tensor, got {type(t).__name__}")
+            if t.dim() == 0:
+                raise _err(
+                    f"input {name}",
+                    f"must have a leading row dimension ({self.rows_of(name, bs)} rows), got a "
+                    "0-d tensor",
+                )
             rows = self.rows_of(name, bs)
             if t.shape[0] != rows:
                 raise _err(f"input {name}", f"must have {rows} rows (bs={bs}), got {t.shape[0]}")
@@ -474,35 +505,47 @@ class StaticBuffers:
                 name, f"must have trailing shape {tuple(buf.shape[1:])}, got {tuple(t.shape[1:])}"
             )
 
-    def _validate_values(self, step: ForwardMetadata, bs: int) -> None:
-        # Debug mode only: every check here reads device values (a sync on a GPU).
+    def _validate_ranges(self, step: ForwardMetadata) -> None:
+        """Every slot field in range: ``[0, num_slots)`` or the pad, translated fields in
+        ``[0, len(slot_table))``. Reads values: host data, or debug mode."""
+        for spec in self._buffered:
+            t = getattr(step, spec.name)
+            if t is None or not spec.role.is_slot:
+                continue
+            virtual = spec.role.translated and self._slot_table is not None
+            bound = self._slot_table.shape[0] if self._slot_table is not None and virtual else self.num_slots
+            bad = (t < -1) | (t >= bound)
+            if bool(bad.any()):
+                r = int(bad.nonzero()[0, 0])
+                kind = "virtual slot (slot-table index)" if virtual else "slot"
+                raise _err(
+                    spec.name,
+                    f"row {r} holds {int(t[r])}: not -1 (pad) nor a {kind} in [0, {bound})",
+                )
+
+    def _validate_values(self, step: ForwardMetadata, inputs: Mapping[str, torch.Tensor]) -> None:
+        # Debug mode only: every check here reads device values (a sync on a GPU). They run
+        # on physical ids (the slot table applied to a copy), before anything is written.
+        physical: dict[str, torch.Tensor] = {}
+        if self._slot_table is not None:
+            for name in self._translated:
+                physical[name] = self._slot_table.index_select(0, getattr(step, name))
+        check_values(
+            step,
+            num_slots=self.num_slots,
+            live=True,
+            physical=True,
+            overrides=physical,
+            where="StaticBuffers.refresh: ForwardMetadata",
+        )
         qsl = step.query_start_loc
-        if int(qsl[0]) != 0:
-            raise _err("query_start_loc", f"must start at 0, got {int(qsl[0])}")
-        if bool((qsl[1:] < qsl[:-1]).any()):
-            raise _err("query_start_loc", "must be non-decreasing")
         if bool(((qsl[1:] - qsl[:-1]) != self.draft_token_num).any()):
             raise _err(
-                "query_start_loc", f"must give every decode row {self.draft_token_num} token(s)"
+                "query_start_loc", f"must give every row {self.draft_token_num} token(s)"
             )
-        for name in SLOT_FIELDS:
-            t = getattr(step, name)
-            if t is None:
-                continue
-            if name in _SENTINEL_PADDED and bool((t < 0).any()):
-                raise _err(name, "holds the pad value -1 in a live row (live rows must be slots)")
-            # Virtual ids index the slot table; the table itself was range-checked at setup.
-            table = self._slot_table if name in TRANSLATED_FIELDS else None
-            bound = self.num_slots if table is None else table.shape[0]
-            if bool(((t < -1) | (t >= bound)).any()):
-                kind = "live slot" if table is None else "virtual slot"
-                raise _err(name, f"has a {kind} outside [0, {bound})")
-        idx = step.mamba_cache_indices
-        if torch.unique(idx).numel() != idx.numel():
-            raise _err("mamba_cache_indices", "has a duplicate live slot")
-        mask, track = step.mamba_track_mask, step.mamba_track_indices
-        if mask is not None and track is not None and bool((mask & (track < 0)).any()):
-            raise _err("mamba_track_indices", "is -1 (pad) in a row whose mamba_track_mask is set")
+        for name, t in inputs.items():
+            if t.is_floating_point() and bool(t.isnan().any()):
+                raise _err(f"input {name}", "holds NaN in a live row")
 
     def _write_live(
         self, step: ForwardMetadata, bs: int, bucket: int, inputs: Mapping[str, torch.Tensor]
@@ -537,13 +580,13 @@ class StaticBuffers:
         for spec in self._buffered:
             buf, pad = self._buffers[spec.name], self._pad_src[spec.name]
             n = bs if is_present.get(spec.name, True) else 0
-            if spec.rows == "batch+1":  # cumulative offsets: the table row of bs
+            if spec.pad is not None and spec.pad.cumulative:  # offsets: the table row of bs
                 start = n + 1 if n else 0
                 if n:
                     live(False, spec.name, buf[:start])
                 pads.append((buf[start : bucket + 1], pad[n, start : bucket + 1]))
                 continue
-            if n and spec.name in TRANSLATED_FIELDS and self._slot_table is not None:
+            if n and spec.role.translated and self._slot_table is not None:
                 plan.translate.append((spec.name, buf[:n]))
             elif n:
                 live(False, spec.name, buf[:n])
@@ -597,6 +640,16 @@ class StaticBuffers:
         if self.is_target_verify:
             return prepare_target_verify(fwd)
         return prepare_decode(fwd)
+
+
+def _usable_device(device: torch.device | str) -> torch.device:
+    d = torch.device(device)
+    if d.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"StaticBuffers: device {d} was asked for but CUDA is not available on this "
+            "machine (use device='cpu': graphs are then emulated)"
+        )
+    return canonical_device(d)
 
 
 def bucket_for(buckets: Sequence[int], bs: int) -> int:

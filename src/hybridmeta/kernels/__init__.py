@@ -1,32 +1,68 @@
-"""Mamba2 decode kernels in Triton, each beside a pure-torch reference.
+"""The op tree: every Mamba2 kernel of hybridmeta, decode and prefill, one module per op.
 
-* :func:`ssm_state_update` - single-token SSM state update (optional fused track write).
-* :func:`causal_conv1d_update` - causal-conv1d decode update.
-* :func:`track_save` - prefix-cache track-save over layer-major pools, one launch.
+Each module holds its Triton implementation (where there is one), its ``torch.library``
+op and fake, its public function with full argument checks, and beside them the one
+pure-torch reference of that op (``*_reference``), which is also the CPU path. The
+implementation is a property of the op call (``impl=``, or :func:`implementation`), never
+of the caller's scheduling. Every op reads its slots and plans from the forward's
+``Mamba2Metadata`` through its ``*_from_metadata`` entry (decode) or its ``md`` argument
+(prefill).
 
-References live in :mod:`hybridmeta.kernels.reference`. On a machine without CUDA the
-kernels run under the Triton interpreter: importing ``hybridmeta`` sets
-``TRITON_INTERPRET=1`` (unless already set) before any kernel is decorated.
+Decode: :mod:`~hybridmeta.kernels.ssm_update`, :mod:`~hybridmeta.kernels.conv_update`,
+:mod:`~hybridmeta.kernels.track_save`. Prefill: :mod:`~hybridmeta.kernels.conv_prefill`,
+:mod:`~hybridmeta.kernels.ssd_scan`, :mod:`~hybridmeta.kernels.extend_track`. The shared
+math is :mod:`~hybridmeta.kernels._math`.
+
+On a machine without CUDA the Triton kernels run under the Triton interpreter: importing
+``hybridmeta`` sets ``TRITON_INTERPRET=1`` (unless already set) before any kernel is
+decorated.
 """
 
 from __future__ import annotations
 
-from hybridmeta.kernels.ops import (
-    DecodeIndices,
+from hybridmeta.kernels._dispatch import Impl, implementation
+from hybridmeta.kernels._math import SSMParams, split_xbc
+from hybridmeta.kernels.conv_prefill import ConvPrefillOutput, causal_conv1d_prefill
+from hybridmeta.kernels.conv_update import (
     causal_conv1d_update,
     causal_conv1d_update_from_metadata,
+    causal_conv1d_update_reference,
+)
+from hybridmeta.kernels.extend_track import extend_track_save
+from hybridmeta.kernels.ssd_scan import (
+    SSDScanOutput,
+    ssd_chunked_scan,
+    ssd_chunked_scan_reference,
+)
+from hybridmeta.kernels.ssm_update import (
     ssm_state_update,
     ssm_state_update_from_metadata,
+    ssm_state_update_reference,
+)
+from hybridmeta.kernels.track_save import (
     track_save,
     track_save_from_metadata,
+    track_save_reference,
 )
 
 __all__ = [
-    "DecodeIndices",
+    "ConvPrefillOutput",
+    "Impl",
+    "SSDScanOutput",
+    "SSMParams",
+    "causal_conv1d_prefill",
     "causal_conv1d_update",
     "causal_conv1d_update_from_metadata",
+    "causal_conv1d_update_reference",
+    "extend_track_save",
+    "implementation",
+    "split_xbc",
+    "ssd_chunked_scan",
+    "ssd_chunked_scan_reference",
     "ssm_state_update",
     "ssm_state_update_from_metadata",
+    "ssm_state_update_reference",
     "track_save",
     "track_save_from_metadata",
+    "track_save_reference",
 ]

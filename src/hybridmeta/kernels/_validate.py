@@ -11,6 +11,8 @@ from collections.abc import Collection, Sequence
 
 import torch
 
+from hybridmeta.model import Mamba2Metadata
+
 FLOAT_DTYPES: frozenset[torch.dtype] = frozenset({torch.float32, torch.bfloat16, torch.float16})
 STATE_DTYPES: frozenset[torch.dtype] = FLOAT_DTYPES
 INDEX_DTYPES: frozenset[torch.dtype] = frozenset({torch.int32, torch.int64})
@@ -134,3 +136,18 @@ def check_disjoint_writes(
                 f"{op}: slot {slot} is read by `{rname}` of row {row} and written by "
                 f"`{wname}` of row {wrow}; a row may not write a slot another row reads"
             )
+
+
+def decode_rows(op: str, md: Mamba2Metadata, bs: int) -> slice:
+    """The decode rows of ``md`` (after its prefill rows), checked against ``bs`` inputs."""
+    if md.is_target_verify:
+        raise ValueError(
+            f"{op}: the metadata is a target-verify forward (draft_token_num="
+            f"{md.draft_token_num}); verify rows take the verify ops"
+        )
+    if md.num_decodes != bs:
+        raise ValueError(
+            f"{op}: the metadata has {md.num_decodes} decode rows but the inputs have "
+            f"bs={bs}; pass the decode rows' inputs (their live [bs] views)"
+        )
+    return md.decode_rows()

@@ -1,4 +1,4 @@
-"""Causal-conv1d decode update: Triton kernel and its launcher.
+"""Causal-conv1d decode update: Triton kernel, launcher, op, reference.
 
 One program handles ``BLOCK_C`` channels of ``ROWS`` rows: it forms each row's window
 ``[state[:, 0..k-2], x]``, writes the convolved (and optionally SiLU-activated) output and
@@ -6,6 +6,10 @@ shifts the window left by one into the row's conv-state slot. Several rows per p
 share one load of the weights and put several rows' loads in flight before the first
 store. Pad rows (slot ``-1``) read and write no state and write zeros to the output,
 never uninitialised memory. Works for any strides of the conv-state pool.
+
+The public op :func:`causal_conv1d_update` validates, then runs the kernel or the pure-torch
+:func:`causal_conv1d_update_reference`; :func:`causal_conv1d_update_from_metadata` takes
+the slots from a ``Mamba2Metadata``.
 """
 
 from __future__ import annotations
@@ -14,7 +18,28 @@ import torch
 import triton
 import triton.language as tl
 
+from hybridmeta.debug import is_debug
 from hybridmeta.kernels._config import ConvLaunchConfig, conv_launch_config
+from hybridmeta.kernels._dispatch import Impl, observed, on_device, resolve
+from hybridmeta.kernels._math import conv_step, scatter_rows_
+from hybridmeta.kernels._validate import (
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
+    check_disjoint_writes,
+    check_index_range,
+    check_optional,
+    check_pool,
+    check_tensor,
+    decode_rows,
+)
+from hybridmeta.model import Mamba2Metadata
+
+__all__ = [
+    "causal_conv1d_update",
+    "causal_conv1d_update_from_metadata",
+    "causal_conv1d_update_reference",
+    "launch_conv_update",
+]
 
 
 @triton.jit(do_not_specialize=["bs"])
@@ -159,3 +184,167 @@ def launch_conv_update(
         BLOCK_K=triton.next_power_of_2(width),
         num_warps=cfg.num_warps,
     )
+
+
+# --------------------------------------------------------------------------- custom op
+
+
+def _conv_update_impl(
+    x: torch.Tensor,
+    conv_state: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+    slot_indices: torch.Tensor,
+    silu: bool,
+) -> None:
+    with on_device(conv_state.device):
+        launch_conv_update(x, conv_state, weight, bias, out, slot_indices, silu=silu)
+
+
+_conv_update_op = torch.library.custom_op(
+    "hybridmeta::causal_conv1d_update", _conv_update_impl, mutates_args=("conv_state", "out")
+)
+
+
+@_conv_update_op.register_fake
+def _conv_update_fake(
+    x: torch.Tensor,
+    conv_state: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+    slot_indices: torch.Tensor,
+    silu: bool,
+) -> None:
+    return None
+
+
+# --------------------------------------------------------------------------- reference
+
+
+def causal_conv1d_update_reference(
+    x: torch.Tensor,
+    conv_state: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+    slot_indices: torch.Tensor,
+    *,
+    silu: bool,
+) -> None:
+    """The pure-torch conv update: the kernel's contract, in place, on validated tensors.
+
+    Fixed shapes, no device-to-host reads (capturable like the kernel); fp32 math, the new
+    window cast to the pool's dtype and the output to ``out``'s.
+    """
+    live = slot_indices >= 0
+    safe = torch.where(live, slot_indices, 0)
+    window = torch.where(live[:, None, None], conv_state.index_select(0, safe).float(), 0.0)
+    y, new = conv_step(window, x, weight, bias, silu=silu)
+    out.copy_(torch.where(live[:, None], y, 0.0).to(out.dtype))
+    scatter_rows_(conv_state, 0, slot_indices, new, live)
+
+
+# --------------------------------------------------------------------------- public op
+
+
+def causal_conv1d_update(
+    x: torch.Tensor,
+    conv_state: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    cache_indices: torch.Tensor,
+    activation: str | None = "silu",
+    out: torch.Tensor | None = None,
+    impl: Impl | None = None,
+) -> torch.Tensor:
+    """Causal-conv1d decode update over a conv-state pool, in place.
+
+    For each live row ``b`` with slot ``s = cache_indices[b] >= 0``::
+
+        win = [conv_state[s, :, 0], ..., conv_state[s, :, k-2], x[b]]    # [conv_dim, k]
+        out[b] = act(sum_j win[:, j] * weight[:, j] + bias)
+        conv_state[s] = win[:, 1:]
+
+    Pad rows (``cache_indices[b] == -1``) read and write no state and get zero output.
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        ``[bs, conv_dim]``.
+    conv_state : torch.Tensor
+        ``[slots, conv_dim, k - 1]``, updated in place.
+    weight : torch.Tensor
+        ``[conv_dim, k]``.
+    bias : torch.Tensor, optional
+        ``[conv_dim]``.
+    cache_indices : torch.Tensor
+        ``[bs]`` int32/int64 slot of each row; ``-1`` for a pad row.
+    activation : {"silu", "swish", None}
+        Output activation.
+    out : torch.Tensor, optional
+        ``[bs, conv_dim]`` in ``x.dtype``; allocated if not given.
+    impl : {"auto", "triton", "reference"}, optional
+        The implementation (see :func:`hybridmeta.kernels.implementation`).
+
+    Returns
+    -------
+    torch.Tensor
+        ``out``.
+    """
+    op = "causal_conv1d_update"
+    if activation not in (None, "silu", "swish"):
+        raise ValueError(f"{op}: `activation` must be None, 'silu' or 'swish', got {activation!r}")
+    conv_state = check_pool(op, "conv_state", conv_state, dims="[slots, conv_dim, k - 1]")
+    dev = conv_state.device
+    slots, dim, wm1 = conv_state.shape
+    x = check_tensor(
+        op, "x", x, shape=(None, dim), dtypes=FLOAT_DTYPES, device=dev, dims="[bs, conv_dim]"
+    )
+    bs = x.shape[0]
+    check_tensor(op, "weight", weight, shape=(dim, wm1 + 1), dtypes=FLOAT_DTYPES, device=dev,
+                 dims="[conv_dim, k]")  # fmt: skip
+    check_optional(
+        op, "bias", bias, shape=(dim,), dtypes=FLOAT_DTYPES, device=dev, dims="[conv_dim]"
+    )
+    check_tensor(op, "cache_indices", cache_indices, shape=(bs,), dtypes=INDEX_DTYPES, device=dev,
+                 dims="[bs]")  # fmt: skip
+    if out is not None:
+        check_tensor(
+            op, "out", out, shape=(bs, dim), dtypes=(x.dtype,), device=dev, dims="[bs, conv_dim]"
+        )
+    which = resolve(op, impl, dev)
+    if is_debug():
+        check_index_range(op, "cache_indices", cache_indices, slots)
+        live = cache_indices >= 0
+        check_disjoint_writes(op, [("cache_indices", cache_indices, live)], None)
+    if out is None:
+        out = torch.empty_like(x)
+    silu = activation is not None
+    if which == "reference":
+        causal_conv1d_update_reference(x, conv_state, weight, bias, out, cache_indices, silu=silu)
+        return out
+    run = torch.ops.hybridmeta.causal_conv1d_update if observed(conv_state) else _conv_update_impl
+    run(x, conv_state, weight, bias, out, cache_indices, silu)
+    return out
+
+
+def causal_conv1d_update_from_metadata(
+    md: Mamba2Metadata,
+    x: torch.Tensor,
+    conv_state: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    activation: str | None = "silu",
+    out: torch.Tensor | None = None,
+    impl: Impl | None = None,
+) -> torch.Tensor:
+    """:func:`causal_conv1d_update` of the decode rows of ``md`` (their working slots)."""
+    rows = decode_rows("causal_conv1d_update_from_metadata", md, x.shape[0])
+    return causal_conv1d_update(
+        x, conv_state, weight, bias, cache_indices=md.mamba_cache_indices[rows],
+        activation=activation, out=out, impl=impl,
+    )  # fmt: skip

@@ -1,5 +1,10 @@
 """Prefix-cache track-save: copy conv + SSM state of flagged rows, all layers, one launch.
 
+The public op :func:`track_save` validates, then runs the kernel or the pure-torch
+:func:`track_save_reference`; :func:`track_save_from_metadata` is the forward's
+end-of-layers save of every row flagged in ``mamba_track_mask``.
+
+
 The pools are layer-major (``[layers, slots, ...]``). A fixed number of programs walks the
 rows; for each flagged live row the programs share out the ``layers x chunks`` copy work
 of both pools. The grid depends on the pool shapes only, never on ``bs`` (a runtime loop
@@ -12,7 +17,23 @@ import torch
 import triton
 import triton.language as tl
 
+from hybridmeta.debug import is_debug
 from hybridmeta.kernels._config import CopyLaunchConfig, copy_launch_config
+from hybridmeta.kernels._dispatch import Impl, observed, on_device, resolve
+from hybridmeta.kernels._math import scatter_rows_
+from hybridmeta.kernels._validate import (
+    INDEX_DTYPES,
+    MASK_DTYPES,
+    STATE_DTYPES,
+    check_disjoint_writes,
+    check_index_range,
+    check_pool,
+    check_slot_contiguous,
+    check_tensor,
+)
+from hybridmeta.model import Mamba2Metadata
+
+__all__ = ["launch_track_save", "track_save", "track_save_from_metadata", "track_save_reference"]
 
 
 @triton.jit(do_not_specialize=["bs"])
@@ -121,3 +142,138 @@ def launch_track_save(
         CONV_BLOCK=conv_block,
         num_warps=cfg.num_warps,
     )
+
+
+# --------------------------------------------------------------------------- custom op
+
+
+def _track_save_impl(
+    conv_pool: torch.Tensor,
+    ssm_pool: torch.Tensor,
+    src_indices: torch.Tensor,
+    track_indices: torch.Tensor,
+    track_mask: torch.Tensor,
+) -> None:
+    with on_device(ssm_pool.device):
+        launch_track_save(conv_pool, ssm_pool, src_indices, track_indices, track_mask)
+
+
+_track_save_op = torch.library.custom_op(
+    "hybridmeta::track_save", _track_save_impl, mutates_args=("conv_pool", "ssm_pool")
+)
+
+
+@_track_save_op.register_fake
+def _track_save_fake(
+    conv_pool: torch.Tensor,
+    ssm_pool: torch.Tensor,
+    src_indices: torch.Tensor,
+    track_indices: torch.Tensor,
+    track_mask: torch.Tensor,
+) -> None:
+    return None
+
+
+# --------------------------------------------------------------------------- reference
+
+
+def track_save_reference(
+    conv_pool: torch.Tensor,
+    ssm_pool: torch.Tensor,
+    src_indices: torch.Tensor,
+    track_indices: torch.Tensor,
+    track_mask: torch.Tensor,
+) -> None:
+    """The pure-torch track-save, in place: flagged rows' slots copied, every layer.
+
+    A row is copied when its mask is set and both its source and track slot are ``>= 0``.
+    Fixed shapes, no device-to-host reads.
+    """
+    rows = track_mask & (src_indices >= 0) & (track_indices >= 0)
+    safe = torch.where(rows, src_indices, 0)
+    for pool in (conv_pool, ssm_pool):
+        values = pool.index_select(1, safe).movedim(1, 0)  # [bs, layers, ...]
+        scatter_rows_(pool, 1, track_indices, values, rows)
+
+
+# --------------------------------------------------------------------------- public op
+
+
+def track_save(
+    conv_pool: torch.Tensor,
+    ssm_pool: torch.Tensor,
+    *,
+    src_indices: torch.Tensor,
+    track_indices: torch.Tensor,
+    track_mask: torch.Tensor,
+    impl: Impl | None = None,
+) -> None:
+    """Copy conv and SSM state of every layer from each flagged row's slot to its track slot.
+
+    One launch covers all layers of both layer-major pools. Rows whose mask is false, or
+    whose source or track slot is ``-1``, are skipped.
+
+    Parameters
+    ----------
+    conv_pool : torch.Tensor
+        ``[layers, slots, conv_dim, k - 1]``; each ``[layer, slot]`` block contiguous.
+    ssm_pool : torch.Tensor
+        ``[layers, slots, nheads, headdim, dstate]``; each ``[layer, slot]`` block contiguous.
+    src_indices, track_indices : torch.Tensor
+        ``[bs]`` int32/int64: working slot and track slot of each row.
+    track_mask : torch.Tensor
+        ``[bs]`` bool: rows to copy.
+    impl : {"auto", "triton", "reference"}, optional
+        The implementation (see :func:`hybridmeta.kernels.implementation`).
+    """
+    op = "track_save"
+    ssm_pool = check_pool(op, "ssm_pool", ssm_pool, dims="[layers, slots, nheads, headdim, dstate]")
+    dev = ssm_pool.device
+    layers, slots = ssm_pool.shape[:2]
+    check_tensor(op, "conv_pool", conv_pool, shape=(layers, slots, None, None), dtypes=STATE_DTYPES,
+                 device=dev, dims="[layers, slots, conv_dim, k - 1]")  # fmt: skip
+    check_slot_contiguous(op, "ssm_pool", ssm_pool, 2)
+    check_slot_contiguous(op, "conv_pool", conv_pool, 2)
+    check_tensor(op, "src_indices", src_indices, shape=(None,), dtypes=INDEX_DTYPES, device=dev,
+                 dims="[bs]")  # fmt: skip
+    bs = src_indices.shape[0]
+    check_tensor(op, "track_indices", track_indices, shape=(bs,), dtypes=INDEX_DTYPES, device=dev,
+                 dims="[bs]")  # fmt: skip
+    check_tensor(
+        op, "track_mask", track_mask, shape=(bs,), dtypes=MASK_DTYPES, device=dev, dims="[bs]"
+    )
+    which = resolve(op, impl, dev)
+    if is_debug():
+        check_index_range(op, "src_indices", src_indices, slots)
+        check_index_range(op, "track_indices", track_indices, slots)
+        active = track_mask & (src_indices >= 0)
+        check_disjoint_writes(
+            op, [("track_indices", track_indices, active)], ("src_indices", src_indices, active)
+        )
+    if which == "reference":
+        track_save_reference(conv_pool, ssm_pool, src_indices, track_indices, track_mask)
+        return
+    run = torch.ops.hybridmeta.track_save if observed(ssm_pool) else _track_save_impl
+    run(conv_pool, ssm_pool, src_indices, track_indices, track_mask)
+
+
+def track_save_from_metadata(
+    md: Mamba2Metadata,
+    conv_pool: torch.Tensor,
+    ssm_pool: torch.Tensor,
+    *,
+    impl: Impl | None = None,
+) -> None:
+    """Save the state of every row flagged in ``md.mamba_track_mask``, all layers.
+
+    Run once after the forward's layers: a flagged row's working slot then holds its state
+    at the boundary (a decode row's new token, a prefill row's last token). Does nothing
+    when ``md.has_mamba_track_mask`` is false (a host flag: no device read).
+    """
+    if not md.has_mamba_track_mask:
+        return
+    assert md.mamba_track_indices is not None and md.mamba_track_mask is not None
+    track_save(
+        conv_pool, ssm_pool, src_indices=md.mamba_cache_indices,
+        track_indices=md.mamba_track_indices, track_mask=md.mamba_track_mask, impl=impl,
+    )  # fmt: skip

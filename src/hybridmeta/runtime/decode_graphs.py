@@ -1,15 +1,16 @@
-"""The decode step of the runtime, built on the metadata layer and captured per bucket.
+"""The runtime's decode step, captured per bucket over the static graph buffers.
 
-One decode step is a function of a :class:`~hybridmeta.model.Mamba2Metadata` (built by
-``prepare_decode`` from a :class:`~hybridmeta.model.ForwardMetadata`) and two per-row
-inputs (token ids and positions). It runs every layer and then saves the Mamba state of
-rows flagged in ``mamba_track_mask`` into their ``mamba_track_indices`` slot: the decode
-track-save whose stale static buffer was sglang #32555.
+One decode step is :meth:`~hybridmeta.runtime.model.NemotronH.forward_decode` of a
+:class:`~hybridmeta.model.Mamba2Metadata` and two per-row inputs (token ids and
+positions); it ends with the forward's track-save, which reads ``mamba_track_mask`` /
+``mamba_track_indices`` (the decode track-save whose stale static buffer was sglang
+#32555).
 
 :class:`DecodeGraphs` captures that step per bucket with :class:`hybridmeta.graphs.GraphRunner`
 over :class:`hybridmeta.graphs.StaticBuffers` (real CUDA graphs on a GPU, the dispatcher
 emulation on the CPU), so the step only ever sees views of exactly ``B`` rows whose pad rows
-carry slot ``-1``. :func:`decode_step` is the same function run eagerly on the live rows.
+carry slot ``-1``. Run eagerly, the same function takes the planner's metadata of the live
+rows.
 """
 
 from __future__ import annotations
@@ -22,77 +23,9 @@ from hybridmeta.graphs import GraphRunner, InputSpec, StaticBuffers
 from hybridmeta.graphs.capture import GraphBackend
 from hybridmeta.model import ForwardMetadata, Mamba2Metadata
 from hybridmeta.runtime.model import NemotronH
-from hybridmeta.runtime.plan import DecodeInputs
-from hybridmeta.runtime.state import DUMMY_SLOT, StatePool
+from hybridmeta.runtime.state import StatePool
 
-__all__ = ["DecodeGraphs", "decode_metadata", "decode_step"]
-
-
-def decode_metadata(
-    slots: torch.Tensor, track_slots: torch.Tensor, track_mask: torch.Tensor
-) -> ForwardMetadata:
-    """``ForwardMetadata`` of a decode-only step (one token per row), with its track plan.
-
-    Parameters
-    ----------
-    slots : torch.Tensor
-        ``[bs]`` int64 working slot per row.
-    track_slots : torch.Tensor
-        ``[bs]`` int64 track slot per row, ``-1`` where the row saves nothing.
-    track_mask : torch.Tensor
-        ``[bs]`` bool rows that save their state this step.
-    """
-    bs = slots.shape[0]
-    return ForwardMetadata(
-        query_start_loc=torch.arange(bs + 1, dtype=torch.int64, device=slots.device),
-        mamba_cache_indices=slots,
-        mamba_track_indices=track_slots,
-        mamba_track_mask=track_mask,
-        has_mamba_track_mask=True,
-    )
-
-
-def _track_save(pool: StatePool, md: Mamba2Metadata, kernels: str) -> None:
-    """Copy conv + SSM state of flagged rows, all Mamba layers, working slot -> track slot."""
-    assert md.mamba_track_indices is not None and md.mamba_track_mask is not None
-    if kernels == "triton":
-        from hybridmeta.kernels import track_save_from_metadata
-
-        track_save_from_metadata(md, pool.conv, pool.ssm)
-        return
-    # fixed shapes: unflagged and pad rows copy the dummy slot onto itself
-    ok = md.mamba_track_mask & (md.mamba_cache_indices >= 0) & (md.mamba_track_indices >= 0)
-    src = torch.where(ok, md.mamba_cache_indices, DUMMY_SLOT)
-    dst = torch.where(ok, md.mamba_track_indices, DUMMY_SLOT)
-    for t in (pool.conv, pool.ssm):
-        t.index_copy_(1, dst, t.index_select(1, src))
-
-
-def decode_step(
-    model: NemotronH,
-    pool: StatePool,
-    md: Mamba2Metadata,
-    inputs: Mapping[str, torch.Tensor],
-    *,
-    kernels: str = "torch",
-) -> dict[str, torch.Tensor]:
-    """One decode forward of ``B`` rows (``md`` and ``inputs`` have exactly ``B`` rows).
-
-    Returns ``{"logits": [B, V]}``; flagged rows' Mamba state is saved to their track slot.
-    """
-    with torch.no_grad():
-        logits = model.forward_decode(
-            DecodeInputs(
-                input_ids=inputs["input_ids"],
-                slots=md.mamba_cache_indices,
-                positions=inputs["positions"],
-                kernels=kernels,
-            ),
-            pool,
-        )
-        if md.has_mamba_track_mask:
-            _track_save(pool, md, kernels)
-    return {"logits": logits}
+__all__ = ["DecodeGraphs"]
 
 
 class DecodeGraphs:
@@ -110,8 +43,6 @@ class DecodeGraphs:
         two below ``max_bs``, then ``max_bs``).
     backend : GraphBackend, optional
         Default: CUDA graphs on a CUDA device, the emulation elsewhere.
-    kernels : {"torch", "triton"}
-        Mamba decode ops captured in the graphs.
     """
 
     def __init__(
@@ -122,12 +53,10 @@ class DecodeGraphs:
         max_bs: int,
         buckets: Sequence[int] | None = None,
         backend: GraphBackend | None = None,
-        kernels: str = "torch",
     ) -> None:
         device = pool.conv.device
         self.model = model
         self.pool = pool
-        self.kernels = kernels
         self.buffers = StaticBuffers(
             max_bs=max_bs,
             num_slots=pool.num_slots,
@@ -139,14 +68,12 @@ class DecodeGraphs:
         )
 
         def step(md: Mamba2Metadata, ins: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-            return decode_step(model, pool, md, ins, kernels=kernels)
+            with torch.no_grad():
+                return {
+                    "logits": model.forward_decode(ins["input_ids"], ins["positions"], md, pool)
+                }
 
-        self.runner = GraphRunner(
-            step,
-            self.buffers,
-            buckets=buckets,
-            backend=backend,
-        )
+        self.runner = GraphRunner(step, self.buffers, buckets=buckets, backend=backend)
 
     @property
     def backend_name(self) -> str:

@@ -6,13 +6,14 @@ Each :meth:`Runtime.step`
    waits in the queue; live state is never overwritten). An admitted request whose
    prompt starts with a cached prefix copies the track slot (conv + SSM state and the
    attention KV) into its working slot and prefills only the rest;
-2. forms a mixed batch, prefill rows first and decode rows last, and decides its track
-   plan from host data: which rows reach a track boundary and into which track slot.
-   Prefill rows run through the prefill plan and the chunked scan
-   (:mod:`hybridmeta.prefill` by default), which also saves their boundaries. Decode rows
-   run through the captured step of their bucket (:class:`DecodeGraphs`: metadata from
-   ``prepare_decode``, ``GraphRunner`` over ``StaticBuffers``), whose track-save reads
-   ``mamba_track_mask`` / ``mamba_track_indices``; or eagerly, for the comparison;
+2. forms the step's prefill rows and decode rows and reserves a track slot for each row
+   that reaches a track boundary (its last one this step). Each forward's metadata comes
+   from the planner (:func:`hybridmeta.planner.plan_host`, the same declared constructors
+   any engine uses), staged with the attention plan and the token ids in one
+   host-to-device copy; the planner decides which boundary is saved how (one track policy
+   for every implementation). Prefill rows run :meth:`NemotronH.forward_prefill`; decode
+   rows run the captured step of their bucket (:class:`DecodeGraphs`: ``GraphRunner``
+   over ``StaticBuffers``), or eagerly, for the comparison;
 3. copies the attention KV rows of the saved boundaries, samples (greedy, or
    teacher-forced tokens) and publishes the step's cache entries.
 
@@ -22,25 +23,21 @@ inputs. The only device-to-host transfer is the step's sampled tokens, once per 
 
 from __future__ import annotations
 
-import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
 import attrs
+import numpy as np
 import torch
 
-from hybridmeta.model import prepare_decode
-from hybridmeta.runtime.decode_graphs import DecodeGraphs, decode_metadata, decode_step
+from hybridmeta.planner import MixedHostPlan, plan_host
+from hybridmeta.runtime.decode_graphs import DecodeGraphs
 from hybridmeta.runtime.model import NemotronH
-from hybridmeta.runtime.plan import (
-    PrefillPlan,
-    PrefillRow,
-    TrackTarget,
-    build_prefill_plan,
-)
+from hybridmeta.runtime.plan import attention_host_plan
 from hybridmeta.runtime.prefix_cache import PrefixCache
 from hybridmeta.runtime.state import SlotAllocator, StatePool
+from hybridmeta.staging import to_device_packed
 
 __all__ = ["Finished", "Request", "Runtime", "RuntimeOptions", "StepStats", "cold_logits"]
 
@@ -71,13 +68,9 @@ class RuntimeOptions:
     sync_timing : bool
         Synchronise the device around decode so ``decode_seconds`` is exact (benchmarks
         only; it adds two host syncs per step).
-    prefill_backend : {"torch", "hybridmeta"}
-        Mamba prefill through the padded per-row torch scan (saves every boundary a
-        prefill crosses) or through :mod:`hybridmeta.prefill` (planner + chunked scan on
-        the global grid + extend track-save; saves the last boundary of each row).
-    decode_kernels : {"torch", "triton"}
-        Mamba decode ops: pure torch, or the Triton kernels of :mod:`hybridmeta.kernels`
-        (the Triton interpreter on the CPU: slow, for tests).
+
+    Which implementation the Mamba2 ops run (Triton or their references) is the op calls'
+    business (:func:`hybridmeta.kernels.implementation`), not the runtime's.
     """
 
     num_working: int = 4
@@ -89,8 +82,6 @@ class RuntimeOptions:
     max_decode_bs: int | None = None
     use_prefix_cache: bool = True
     sync_timing: bool = False
-    prefill_backend: str = "hybridmeta"
-    decode_kernels: str = "torch"
 
 
 @attrs.define(eq=False)
@@ -171,16 +162,6 @@ class Runtime:
                 f"RuntimeOptions.max_prefill_tokens must be >= track_interval "
                 f"{opts.track_interval}, got {opts.max_prefill_tokens}"
             )
-        if opts.prefill_backend not in ("torch", "hybridmeta"):
-            raise ValueError(
-                f"RuntimeOptions.prefill_backend must be 'torch' or 'hybridmeta', "
-                f"got {opts.prefill_backend!r}"
-            )
-        if opts.decode_kernels not in ("torch", "triton"):
-            raise ValueError(
-                f"RuntimeOptions.decode_kernels must be 'torch' or 'triton', "
-                f"got {opts.decode_kernels!r}"
-            )
         if opts.num_track < 1:
             raise ValueError(f"RuntimeOptions.num_track must be >= 1, got {opts.num_track}")
         param = model.embeddings.weight
@@ -195,9 +176,9 @@ class Runtime:
             device=param.device,
             dtype=param.dtype,
         )
-        self.working = SlotAllocator(1, opts.num_working, "working")
+        self.working = SlotAllocator(0, opts.num_working, "working")
         self.cache = PrefixCache(
-            SlotAllocator(1 + opts.num_working, opts.num_track, "track"), opts.track_interval
+            SlotAllocator(opts.num_working, opts.num_track, "track"), opts.track_interval
         )
         self.graphs: DecodeGraphs | None = None
         if opts.use_graphs:
@@ -205,7 +186,6 @@ class Runtime:
                 model,
                 self.pool,
                 max_bs=opts.max_decode_bs if opts.max_decode_bs is not None else opts.num_working,
-                kernels=opts.decode_kernels,
             )
             self.graphs.capture()
         self._waiting: deque[Request] = deque()
@@ -306,10 +286,9 @@ class Runtime:
         self._admit()
         interval = self.options.track_interval
         budget = self.options.max_prefill_tokens
-        rows: list[PrefillRow] = []
-        row_reqs: list[Request] = []
+        rows: list[tuple[Request, int, int]] = []  # request, start, new tokens
         chunk_ids: list[int] = []
-        tracks: list[TrackTarget] = []
+        tracks: list[tuple[int, int]] = []  # (row, track slot)
         commits: list[tuple[tuple[int, ...], int]] = []
         for req in self._running:
             if not req.prefilling or budget <= 0:
@@ -319,26 +298,19 @@ class Runtime:
             take = remaining if remaining <= budget else (budget // interval) * interval
             if take == 0:
                 continue
-            assert req.slot is not None
             start = req.num_computed
             end = start + take
             budget -= take
-            row = len(rows)
-            rows.append(
-                PrefillRow(slot=req.slot, start=start, length=take, has_initial_state=start > 0)
-            )
-            row_reqs.append(req)
             chunk_ids.extend(req.prompt[start:end])
-            first = math.ceil((start + 1) / interval) * interval
-            bounds = list(range(first, end + 1, interval)) if self.options.use_prefix_cache else []
-            if self.options.prefill_backend == "hybridmeta":
-                bounds = bounds[-1:]  # the planner saves the last boundary of a row
-            for b in bounds:
-                key = req.prompt[:b]
+            # the planner saves each row's last boundary reached this step
+            last = (end // interval) * interval
+            if self.options.use_prefix_cache and last > start:
+                key = req.prompt[:last]
                 slot = self.cache.reserve(key)
                 if slot is not None:
-                    tracks.append(TrackTarget(row=row, boundary=b, slot=slot))
+                    tracks.append((len(rows), slot))
                     commits.append((key, slot))
+            rows.append((req, start, take))
         # rows were taken from prefilling requests only, so none of them is here
         dec_reqs = [r for r in self._running if not r.prefilling]
 
@@ -346,17 +318,10 @@ class Runtime:
         sample_logits: list[torch.Tensor] = []
         with torch.no_grad():
             if rows:
-                plan = self._prefill_plan(rows, tracks)
-                logits = self.model.forward_prefill(self._index(chunk_ids), plan, self.pool)
-                if tracks:
-                    # the scan wrote conv/SSM state of the boundaries; the KV rows follow
-                    self.pool.copy_kv(
-                        self._index([rows[t.row].slot for t in tracks]),
-                        self._index([t.slot for t in tracks]),
-                    )
+                logits = self._prefill(rows, chunk_ids, tracks)
                 done_rows = []
-                for i, (prow, req) in enumerate(zip(rows, row_reqs, strict=True)):
-                    req.num_computed = prow.start + prow.length
+                for i, (req, start, take) in enumerate(rows):
+                    req.num_computed = start + take
                     if not req.prefilling:
                         done_rows.append(i)
                         sample_reqs.append(req)
@@ -378,6 +343,61 @@ class Runtime:
             seconds=time.perf_counter() - t0,
         )
 
+    def _plan(
+        self,
+        starts: Sequence[int],
+        lengths: Sequence[int],
+        slots: Sequence[int],
+        tracks: Sequence[tuple[int, int]],
+        *,
+        num_decodes: int,
+    ) -> MixedHostPlan:
+        """The forward's host plan: the runtime's rows through the library's planner."""
+        cfg = self.model.config
+        tracked = dict(tracks)
+        track_mask = track_slots = None
+        if self.options.use_prefix_cache:
+            track_mask = [i in tracked for i in range(len(slots))]
+            track_slots = [tracked.get(i, -1) for i in range(len(slots))]
+        return plan_host(
+            extend_lens=lengths,
+            prefix_lens=starts,
+            slots=slots,
+            num_decodes=num_decodes,
+            chunk_size=cfg.chunk_size,
+            conv_kernel=cfg.conv_kernel,
+            track_interval=self.options.track_interval,
+            track_mask=track_mask,
+            track_slots=track_slots,
+        )
+
+    def _prefill(
+        self,
+        rows: list[tuple[Request, int, int]],
+        chunk_ids: list[int],
+        tracks: list[tuple[int, int]],
+    ) -> torch.Tensor:
+        """One forward of the step's prefill rows; returns ``[P, V]`` last-token logits."""
+        starts = [start for _, start, _ in rows]
+        lengths = [take for _, _, take in rows]
+        slots = [req.slot for req, _, _ in rows]
+        assert all(s is not None for s in slots)
+        hp = self._plan(starts, lengths, slots, tracks, num_decodes=0)  # type: ignore[arg-type]
+        ah = attention_host_plan(lengths, starts)
+        views = to_device_packed(
+            {**hp.arrays, **ah.arrays, "input_ids": np.asarray(chunk_ids)}, self.device
+        )
+        logits = self.model.forward_prefill(
+            views["input_ids"], hp.metadata(views), ah.plan(views), self.pool
+        )
+        if tracks:
+            # the layers saved conv/SSM state of the boundaries; the KV rows follow
+            self.pool.copy_kv(
+                self._index([slots[r] for r, _ in tracks]),  # type: ignore[misc]
+                self._index([t for _, t in tracks]),
+            )
+        return logits
+
     def _decode(
         self,
         reqs: list[Request],
@@ -387,49 +407,45 @@ class Runtime:
     ) -> None:
         """Decode rows: one token each, through the captured step (or eagerly).
 
-        The track plan is decided before the forward from host data: a row whose length
-        reaches a multiple of the interval with this token saves its Mamba state into a
-        track slot inside the step (``mamba_track_mask`` / ``mamba_track_indices``); its
-        attention KV row is copied after the step.
+        A row whose length reaches a multiple of the interval with this token reserves a
+        track slot; the planner flags it in ``mamba_track_mask`` and the step's track-save
+        stores its Mamba state there; its attention KV row is copied after the step.
         """
         interval = self.options.track_interval
         slots: list[int] = []
-        track_slots: list[int] = []
-        for r in reqs:
+        tracks: list[tuple[int, int]] = []
+        for i, r in enumerate(reqs):
             assert r.slot is not None
             slots.append(r.slot)
-            slot = None
             n_after = r.num_computed + 1
             if self.options.use_prefix_cache and n_after % interval == 0:
                 key = tuple(r.tokens[:n_after])
                 slot = self.cache.reserve(key)
                 if slot is not None:
                     commits.append((key, slot))
-            track_slots.append(-1 if slot is None else slot)
+                    tracks.append((i, slot))
         self._sync()
         td = time.perf_counter()
-        # one host-to-device copy for the per-row inputs; the rows are contiguous views
-        ids_host = [r.tokens[r.num_computed] for r in reqs]
         pos_host = [r.num_computed for r in reqs]
-        packed = torch.tensor([ids_host, pos_host, slots, track_slots], dtype=torch.int64)
-        ids, pos, dslots, tslots = packed.to(self.device, non_blocking=True)
-        fwd = decode_metadata(dslots, tslots, tslots >= 0)
+        hp = self._plan(pos_host, [1] * len(reqs), slots, tracks, num_decodes=len(reqs))
+        # one host-to-device copy for the metadata and the per-row inputs
+        views = to_device_packed(
+            {
+                **hp.arrays,
+                "input_ids": np.asarray([r.tokens[r.num_computed] for r in reqs]),
+                "positions": np.asarray(pos_host),
+            },
+            self.device,
+        )
+        ids, pos = views["input_ids"], views["positions"]
         if self.graphs is not None:
-            logits = self.graphs.run(fwd, ids, pos)
+            logits = self.graphs.run(hp.forward(views), ids, pos)
         else:
-            out = decode_step(
-                self.model,
-                self.pool,
-                prepare_decode(fwd),
-                {"input_ids": ids, "positions": pos},
-                kernels=self.options.decode_kernels,
-            )
-            logits = out["logits"]
+            logits = self.model.forward_decode(ids, pos, hp.metadata(views), self.pool)
         sample_logits.append(logits.float().log_softmax(-1))
-        tracked = [(s, t) for s, t in zip(slots, track_slots, strict=True) if t >= 0]
-        if tracked:
+        if tracks:
             self.pool.copy_kv(
-                self._index([s for s, _ in tracked]), self._index([t for _, t in tracked])
+                self._index([slots[i] for i, _ in tracks]), self._index([t for _, t in tracks])
             )
         sample_reqs.extend(reqs)
         self.decode_tokens += len(reqs)
@@ -437,30 +453,6 @@ class Runtime:
             r.num_computed += 1
         self._sync()
         self.decode_seconds += time.perf_counter() - td
-
-    def _prefill_plan(self, rows: list[PrefillRow], tracks: list[TrackTarget]) -> PrefillPlan:
-        cfg = self.model.config
-        if self.options.prefill_backend == "torch":
-            return build_prefill_plan(rows, tracks, chunk_size=cfg.chunk_size, device=self.device)
-        from hybridmeta.prefill import plan_mixed_batch
-
-        tracked = {t.row: t.slot for t in tracks}
-        mamba = plan_mixed_batch(
-            extend_lens=[r.length for r in rows],
-            prefix_lens=[r.start for r in rows],
-            slots=[r.slot for r in rows],
-            num_decodes=0,
-            chunk_size=cfg.chunk_size,
-            conv_kernel=cfg.conv_kernel,
-            track_interval=self.options.track_interval,
-            track_mask=[i in tracked for i in range(len(rows))],
-            track_slots=[tracked.get(i, -1) for i in range(len(rows))],
-            device=self.device,
-        )
-        # Mamba layers track through the planner; the attention KV copy stays with the engine
-        return build_prefill_plan(
-            rows, [], chunk_size=cfg.chunk_size, device=self.device, mamba=mamba
-        )
 
     def _sync(self) -> None:
         if self.options.sync_timing and self.device.type == "cuda":
@@ -526,12 +518,18 @@ def cold_logits(model: NemotronH, tokens: Sequence[int]) -> torch.Tensor:
         device=device,
         dtype=model.embeddings.weight.dtype,
     )
-    plan = build_prefill_plan(
-        [PrefillRow(slot=1, start=0, length=len(tokens), has_initial_state=False)],
-        [],
+    n = len(tokens)
+    hp = plan_host(
+        extend_lens=[n],
+        prefix_lens=[0],
+        slots=[0],
+        num_decodes=0,
         chunk_size=model.config.chunk_size,
-        device=device,
+        conv_kernel=model.config.conv_kernel,
     )
-    ids = torch.tensor(list(tokens), dtype=torch.int64).to(device)
+    ah = attention_host_plan([n], [0])
+    views = to_device_packed({**hp.arrays, **ah.arrays, "input_ids": np.asarray(tokens)}, device)
     with torch.no_grad():
-        return model.forward_prefill(ids, plan, pool, all_logits=True)
+        return model.forward_prefill(
+            views["input_ids"], hp.metadata(views), ah.plan(views), pool, all_logits=True
+        )

@@ -29,6 +29,7 @@ from typing import Any, TextIO
 import attrs
 import torch
 
+from hybridmeta.kernels import implementation
 from hybridmeta.runtime.config import ConfigError
 from hybridmeta.runtime.engine import Finished, Runtime, RuntimeOptions, StepStats
 from hybridmeta.runtime.loader import CheckpointError, load_nemotron_h
@@ -132,17 +133,12 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         help="working slots (default 4; fewer than prompts -> queueing)",
     )
     ap.add_argument(
-        "--prefill-backend",
-        choices=("hybridmeta", "torch"),
-        default="hybridmeta",
-        help="Mamba prefill: hybridmeta.prefill planner + scan (default) or the padded torch scan",
-    )
-    ap.add_argument(
-        "--decode-kernels",
-        choices=("auto", "torch", "triton"),
+        "--kernels",
+        choices=("auto", "triton", "reference"),
         default="auto",
-        help="Mamba decode ops: the hybridmeta.kernels Triton kernels (default on CUDA) or "
-        "pure torch (default on the CPU, where Triton only runs interpreted)",
+        help="implementation of the Mamba2 ops: auto (default: Triton on CUDA, the ops' "
+        "pure-torch references on the CPU, where Triton only runs interpreted), triton, "
+        "reference",
     )
     ap.add_argument(
         "--no-transformers", action="store_true", help="skip the transformers comparison"
@@ -273,8 +269,8 @@ def main_job(argv: list[str] | None = None, *, out: TextIO | None = None) -> int
         if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
         else "cpu"
     )
-    if args.decode_kernels == "auto":
-        args.decode_kernels = "triton" if device.type == "cuda" else "torch"
+    if args.kernels == "auto":
+        args.kernels = "triton" if device.type == "cuda" else "reference"
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(
         args.dtype, torch.bfloat16 if device.type == "cuda" else torch.float32
     )
@@ -294,7 +290,8 @@ def main_job(argv: list[str] | None = None, *, out: TextIO | None = None) -> int
         except (ConfigError, CheckpointError) as err:
             _say(stream, f"error: {err}")
             return 2
-        return _job(args, model, model_dir, device, dtype, stream, log)
+        with implementation(args.kernels):
+            return _job(args, model, model_dir, device, dtype, stream, log)
     finally:
         if tmp is not None:
             tmp.cleanup()
@@ -326,8 +323,6 @@ def _job(
         max_prefill_tokens=4 * interval,
         use_graphs=True,
         sync_timing=True,
-        prefill_backend=args.prefill_backend,
-        decode_kernels=args.decode_kernels,
     )
     tol = Tolerances.for_dtype(dtype)
 
@@ -370,7 +365,7 @@ def _job(
     v = _reduce(kl_ge, tol.reduce)
     checks.append(
         Check(
-            name=f"graph replay ({backend}, {args.decode_kernels} decode) vs eager",
+            name=f"graph replay ({backend}, {args.kernels} kernels) vs eager",
             value=f"KL {tol.reduce} {v:.2e}",
             detail=f"max |dlogp| {diff_ge:.2e}; {kl_ge.numel()} positions; limit {tol.graph_vs_eager:.0e}",
             passed=v <= tol.graph_vs_eager,
@@ -464,7 +459,7 @@ def _job(
             passed=None,
         )
     )
-    _print_table(stream, checks, model, device, dtype, options)
+    _print_table(stream, checks, model, device, dtype, options, args.kernels)
     failed = [c for c in checks if c.passed is False]
     _say(
         stream,
@@ -480,13 +475,14 @@ def _print_table(
     device: torch.device,
     dtype: torch.dtype,
     options: RuntimeOptions,
+    kernels: str,
 ) -> None:
     cfg = model.config
     _say(
         stream,
         f"\nNemotron-H {cfg.pattern} (hidden {cfg.hidden_size}, vocab {cfg.vocab_size}) on {device}, "
-        f"{str(dtype).removeprefix('torch.')}; prefill: {options.prefill_backend}, decode: "
-        f"{options.decode_kernels}; track interval {options.track_interval}, "
+        f"{str(dtype).removeprefix('torch.')}; Mamba2 ops: {kernels}; "
+        f"track interval {options.track_interval}, "
         f"{options.num_working} working / {options.num_track} track slots",
     )
     w_name = max(len(c.name) for c in checks)

@@ -3,33 +3,61 @@
 Parameter names match the Hugging Face checkpoints (below the ``backbone.`` / ``model.``
 prefix), so :mod:`hybridmeta.runtime.loader` loads a state dict without renaming leaves.
 
-Two entry points run all layers: :meth:`NemotronH.forward_prefill` over the flat tokens
-of a step's prefill rows (see :class:`~hybridmeta.runtime.plan.PrefillPlan`) and
-:meth:`NemotronH.forward_decode` over one token per row with fixed shapes, which is what a
-decode graph captures.
+Every Mamba2 layer reads one thing: the forward's :class:`~hybridmeta.model.Mamba2Metadata`
+(built by :mod:`hybridmeta.planner`), and runs the ops of :mod:`hybridmeta.kernels` on it
+(Triton on CUDA, the ops' references on the CPU: the op call's choice). Two entry points
+run all layers: :meth:`NemotronH.forward_prefill` over the flat tokens of a forward's
+prefill rows and :meth:`NemotronH.forward_decode` over one token per row with fixed
+shapes, which is what a decode graph captures. Both end with the forward's track-save
+(:func:`~hybridmeta.kernels.track_save_from_metadata`): rows flagged in
+``mamba_track_mask`` save their state into their track slot.
 """
 
 from __future__ import annotations
 
+import attrs
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hybridmeta import kernels
+from hybridmeta.model import Mamba2Metadata
 from hybridmeta.runtime import ops
 from hybridmeta.runtime.config import NemotronHConfig
-from hybridmeta.runtime.plan import DecodeInputs, PrefillPlan
-from hybridmeta.runtime.state import DUMMY_SLOT, StatePool
+from hybridmeta.runtime.plan import AttentionPlan
+from hybridmeta.runtime.state import StatePool
 
-__all__ = ["Attention", "Block", "Mamba2Mixer", "NemotronH", "RMSNorm", "Relu2MLP"]
+__all__ = ["Attention", "Block", "Forward", "Mamba2Mixer", "NemotronH", "RMSNorm", "Relu2MLP"]
 
 
-def _pad_rows(flat: torch.Tensor, plan: PrefillPlan) -> torch.Tensor:
+@attrs.frozen(kw_only=True, eq=False)
+class Forward:
+    """What every layer of one forward reads.
+
+    Attributes
+    ----------
+    md : Mamba2Metadata
+        The forward's metadata: the Mamba2 layers' only input besides the activations.
+    pool : StatePool
+    attention : AttentionPlan or None
+        The attention layers' plan of a prefill forward (``None``: a decode forward).
+    positions : torch.Tensor or None
+        ``[B]`` position of each decode row's token (attention; ``None`` in prefill).
+    """
+
+    md: Mamba2Metadata
+    pool: StatePool
+    attention: AttentionPlan | None = None
+    positions: torch.Tensor | None = None
+
+
+def _pad_rows(flat: torch.Tensor, plan: AttentionPlan) -> torch.Tensor:
     """``[T, ...]`` flat tokens -> ``[P, L, ...]`` padded rows (pad cells are zero)."""
     zero = flat.new_zeros((1, *flat.shape[1:]))
     return torch.cat([flat, zero], dim=0)[plan.gather]
 
 
-def _unpad_rows(padded: torch.Tensor, plan: PrefillPlan) -> torch.Tensor:
+def _unpad_rows(padded: torch.Tensor, plan: AttentionPlan) -> torch.Tensor:
     """``[P, L, ...]`` padded rows -> ``[T, ...]`` flat tokens."""
     return padded.reshape(plan.num_rows * plan.padded_len, *padded.shape[2:])[plan.scatter]
 
@@ -107,193 +135,55 @@ class Mamba2Mixer(nn.Module):
         z, xbc, dt = torch.split(proj, [inner, self.conv_dim, self.num_heads], dim=-1)
         return z, xbc, dt
 
-    def _xbc(self, conv_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        gn = self.n_groups * self.state_size
-        x, b, c = torch.split(conv_out, [self.config.mamba_intermediate, gn, gn], dim=-1)
-        return x, b, c
-
     def _dt(self, dt: torch.Tensor) -> torch.Tensor:
         # the clamp is the model's dt lower limit; applied in prefill and decode alike so a
         # cache hit and a cold recompute see the same discretisation
         return F.softplus(dt.float() + self.dt_bias.float()).clamp(min=self.config.time_step_min)
 
-    def _conv_weight(self) -> torch.Tensor:
-        return self.conv1d.weight.squeeze(1)  # [C, K]
+    def forward(self, h: torch.Tensor, fwd: Forward) -> torch.Tensor:
+        """``h``: ``[T, hidden]`` (prefill tokens first, then one token per decode row).
 
-    def forward_prefill(self, h: torch.Tensor, plan: PrefillPlan, pool: StatePool) -> torch.Tensor:
-        """``h``: ``[T, hidden]`` flat prefill tokens -> ``[T, hidden]``; writes the rows' state."""
+        Writes the rows' conv and SSM state, and the extend track plan's boundaries, into
+        this layer's rows of the pool; everything it reads comes from ``fwd.md``.
+        """
+        md = fwd.md
         z, xbc, dt = self._split(self.in_proj(h))
-        if plan.mamba is not None:
-            y_flat = self._prefill_hybridmeta(xbc, dt, plan, pool)
-        else:
-            y_flat = self._prefill_torch(xbc, dt, plan, pool)
-        out: torch.Tensor = self.out_proj(self.norm(y_flat, z).to(h.dtype))
+        conv_state = fwd.pool.conv[self.index]  # [S, C, K-1]
+        ssm_state = fwd.pool.ssm[self.index]  # [S, H, D, N]
+        weight = self.conv1d.weight.squeeze(1)  # [C, K]
+        A = -torch.exp(self.A_log.float())
+        dt_p = self._dt(dt)  # [T, H] fp32, discretised here and handed over as is
+        H, D, G, N = self.num_heads, self.head_dim, self.n_groups, self.state_size
+        tp = md.num_prefill_tokens
+        parts: list[torch.Tensor] = []
+        if md.num_prefills:
+            xbc_p = xbc[:tp]
+            conv = kernels.causal_conv1d_prefill(
+                xbc_p, weight, self.conv1d.bias, md=md, conv_state=conv_state
+            )
+            x, b, c = kernels.split_xbc(conv.out, H, D, G, N)
+            params = kernels.SSMParams(
+                A=A, D=self.D, dt_bias=torch.zeros_like(A), dt_softplus=False
+            )
+            scan = kernels.ssd_chunked_scan(
+                x, dt_p[:tp], b, c, params=params, md=md, ssm_state=ssm_state
+            )
+            kernels.extend_track_save(
+                md, xbc=xbc_p, conv=conv, scan=scan, conv_state=conv_state, ssm_state=ssm_state
+            )
+            parts.append(scan.y.reshape(tp, -1))
+        if md.num_decodes:
+            u = kernels.causal_conv1d_update_from_metadata(
+                md, xbc[tp:], conv_state, weight, self.conv1d.bias
+            )
+            x, b, c = kernels.split_xbc(u, H, D, G, N)
+            y = kernels.ssm_state_update_from_metadata(
+                md, ssm_state, x, dt_p[tp:], A, b, c, D=self.D
+            )
+            parts.append(y.reshape(md.num_decodes, -1))
+        y_all = parts[0] if len(parts) == 1 else torch.cat(parts)
+        out: torch.Tensor = self.out_proj(self.norm(y_all, z).to(h.dtype))
         return out
-
-    def _prefill_hybridmeta(
-        self, xbc: torch.Tensor, dt: torch.Tensor, plan: PrefillPlan, pool: StatePool
-    ) -> torch.Tensor:
-        """Mamba prefill through :mod:`hybridmeta.prefill` (global chunk grid); ``[T, I]``."""
-        from hybridmeta.prefill import (
-            SSMParams,
-            causal_conv1d_prefill,
-            extend_track_save,
-            ssd_chunked_scan,
-            ssd_chunked_scan_triton,
-        )
-
-        # The Triton scan is 2.2-3.1x the torch scan on an H200 (benchmarks/results/
-        # h200_bench_prefill.json); on the CPU it would only run interpreted.
-        scan_fn = ssd_chunked_scan_triton if xbc.is_cuda else ssd_chunked_scan
-        mplan = plan.mamba
-        assert mplan is not None
-        t = plan.num_tokens
-        conv_state = pool.conv[self.index]  # [S, C, K-1]
-        ssm_state = pool.ssm[self.index]  # [S, H, D, N]
-        conv = causal_conv1d_prefill(
-            xbc, self._conv_weight(), self.conv1d.bias, plan=mplan, conv_state=conv_state
-        )
-        x, b, c = self._xbc(conv.out)
-        # dt is discretised here (softplus + the model's lower clamp) and handed over as is
-        params = SSMParams(
-            A=-torch.exp(self.A_log.float()),
-            D=self.D,
-            dt_bias=torch.zeros_like(self.dt_bias, dtype=torch.float32),
-            dt_softplus=False,
-        )
-        scan = scan_fn(
-            x.reshape(t, self.num_heads, self.head_dim),
-            self._dt(dt),
-            b.reshape(t, self.n_groups, self.state_size),
-            c.reshape(t, self.n_groups, self.state_size),
-            params=params,
-            plan=mplan,
-            ssm_state=ssm_state,
-        )
-        extend_track_save(
-            mplan, xbc=xbc, conv=conv, scan=scan, conv_state=conv_state, ssm_state=ssm_state
-        )
-        return scan.y.reshape(t, -1).float()
-
-    def _prefill_torch(
-        self, xbc: torch.Tensor, dt: torch.Tensor, plan: PrefillPlan, pool: StatePool
-    ) -> torch.Tensor:
-        """Mamba prefill with the padded per-row torch scan; ``[T, I]`` fp32."""
-        p, seq = plan.num_rows, plan.padded_len
-        k1 = self.config.conv_kernel - 1
-        conv_state = pool.conv[self.index]  # [S, C, K-1]
-        ssm_state = pool.ssm[self.index]  # [S, H, D, N]
-        init_mask = plan.has_init[:, None, None]
-        context = torch.where(init_mask, conv_state[plan.slots], 0)  # [P, C, K-1]
-        conv_out, window = ops.causal_conv_prefill(
-            _pad_rows(xbc, plan), context, self._conv_weight(), self.conv1d.bias
-        )  # [P, L, C], [P, C, K-1+L]
-        x, b, c = self._xbc(conv_out)
-        dt_rows = self._dt(_pad_rows(dt, plan)) * plan.valid[..., None]  # [P, L, H]; 0 at pads
-        init = torch.where(plan.has_init[:, None, None, None], ssm_state[plan.slots], 0)
-        a = -torch.exp(self.A_log.float())
-        y, states = ops.ssd_chunked(
-            x.reshape(p, seq, self.num_heads, self.head_dim),
-            dt_rows,
-            a,
-            b.reshape(p, seq, self.n_groups, self.state_size),
-            c.reshape(p, seq, self.n_groups, self.state_size),
-            self.D,
-            init,
-            self.config.chunk_size,
-        )  # [P, L, H, D], [P, L/chunk+1, H, D, N]
-
-        # final state of every row; pads after the last token leave it unchanged (dt = 0)
-        ar = torch.arange(k1, device=xbc.device)
-        idx = (plan.lengths[:, None] + ar)[:, None, :].expand(-1, self.conv_dim, -1)
-        conv_state.index_copy_(0, plan.slots, window.gather(2, idx).to(conv_state.dtype))
-        ssm_state.index_copy_(0, plan.slots, states[:, -1])
-        if plan.num_tracks:
-            # track boundaries are chunk boundaries of their row: read the chunk states
-            tw = window[plan.track_row]  # [K, C, K-1+L]
-            tidx = (plan.track_rel[:, None] + ar)[:, None, :].expand(-1, self.conv_dim, -1)
-            conv_state.index_copy_(0, plan.track_slot, tw.gather(2, tidx).to(conv_state.dtype))
-            ssm_state.index_copy_(0, plan.track_slot, states[plan.track_row, plan.track_chunk])
-
-        return _unpad_rows(y, plan).reshape(plan.num_tokens, -1)  # [T, I] fp32
-
-    def forward_decode(
-        self, h: torch.Tensor, inputs: DecodeInputs, pool: StatePool
-    ) -> torch.Tensor:
-        """``h``: ``[B, hidden]`` one token per row -> ``[B, hidden]``; fixed shapes, no syncs."""
-        bsz = h.shape[0]
-        z, xbc, dt = self._split(self.in_proj(h))
-        conv_state = pool.conv[self.index]
-        ssm_state = pool.ssm[self.index]
-        if inputs.kernels == "triton":
-            y = self._decode_triton(xbc, dt, inputs, conv_state, ssm_state)
-        else:
-            y = self._decode_torch(xbc, dt, inputs, conv_state, ssm_state)
-        out: torch.Tensor = self.out_proj(self.norm(y.reshape(bsz, -1), z).to(h.dtype))
-        return out
-
-    def _decode_triton(
-        self,
-        xbc: torch.Tensor,
-        dt: torch.Tensor,
-        inputs: DecodeInputs,
-        conv_state: torch.Tensor,
-        ssm_state: torch.Tensor,
-    ) -> torch.Tensor:
-        """Decode through :mod:`hybridmeta.kernels` (pad rows: slot -1, no state touched)."""
-        from hybridmeta.kernels import causal_conv1d_update, ssm_state_update
-
-        bsz = xbc.shape[0]
-        conv_out = causal_conv1d_update(
-            xbc,
-            conv_state,
-            self._conv_weight(),
-            self.conv1d.bias,
-            cache_indices=inputs.slots,
-            activation="silu",
-        )
-        x, b, c = self._xbc(conv_out)
-        # dt is discretised here (softplus + lower clamp), as in the prefill
-        return ssm_state_update(
-            ssm_state,
-            x.reshape(bsz, self.num_heads, self.head_dim),
-            self._dt(dt),
-            -torch.exp(self.A_log.float()),
-            b.reshape(bsz, self.n_groups, self.state_size),
-            c.reshape(bsz, self.n_groups, self.state_size),
-            state_indices=inputs.slots,
-            D=self.D,
-        ).float()
-
-    def _decode_torch(
-        self,
-        xbc: torch.Tensor,
-        dt: torch.Tensor,
-        inputs: DecodeInputs,
-        conv_state: torch.Tensor,
-        ssm_state: torch.Tensor,
-    ) -> torch.Tensor:
-        """Decode with the pure-torch ops; pad rows read zeros and write the dummy slot."""
-        bsz = xbc.shape[0]
-        slot = torch.where(inputs.slots < 0, DUMMY_SLOT, inputs.slots)  # pad rows -> dummy slot
-        live = (inputs.slots >= 0)[:, None, None]
-        # pad rows load a zero state, so the dummy slot's contents never matter
-        c_in = torch.where(live, conv_state[slot], 0)  # [B, C, K-1]
-        conv_out, c_new = ops.conv_step(xbc, c_in, self._conv_weight(), self.conv1d.bias)
-        conv_state.index_copy_(0, slot, c_new.to(conv_state.dtype))
-        x, b, c = self._xbc(conv_out)
-        s_in = torch.where(live[..., None], ssm_state[slot], 0)  # [B, H, D, N]
-        y, s_new = ops.ssm_step(
-            x.reshape(bsz, self.num_heads, self.head_dim),
-            self._dt(dt),
-            -torch.exp(self.A_log.float()),
-            b.reshape(bsz, self.n_groups, self.state_size),
-            c.reshape(bsz, self.n_groups, self.state_size),
-            self.D,
-            s_in,
-        )
-        ssm_state.index_copy_(0, slot, s_new)
-        return y
 
 
 class Attention(nn.Module):
@@ -331,31 +221,33 @@ class Attention(nn.Module):
         v = self.v_proj(h).view(t, self.num_kv, self.head_dim)
         return q, k, v
 
-    def forward_prefill(self, h: torch.Tensor, plan: PrefillPlan, pool: StatePool) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, fwd: Forward) -> torch.Tensor:
+        """Prefill rows on their padded grid (``fwd.attention``), or one token per decode row
+        at ``fwd.positions``. The KV slot of a row is its working slot; a pad row (slot
+        ``-1``) reads and writes the KV pool's scratch row."""
         q, k, v = self._qkv(h)
-        kc, vc = pool.k[self.index], pool.v[self.index]  # [S, M, KVH, hd]
-        kc.index_put_((plan.token_slot, plan.token_pos), k.to(kc.dtype))
-        vc.index_put_((plan.token_slot, plan.token_pos), v.to(vc.dtype))
-        qpos = plan.starts[:, None] + torch.arange(plan.padded_len, device=h.device)  # [P, L]
+        pool = fwd.pool
+        kc, vc = pool.k[self.index], pool.v[self.index]  # [S + 1, M, KVH, hd]
         keys = torch.arange(pool.max_len, device=h.device)
-        mask = keys[None, None, :] <= qpos[:, :, None]  # [P, L, M]
-        out = self._attend(_pad_rows(q, plan), kc[plan.slots], vc[plan.slots], mask)
-        res: torch.Tensor = self.o_proj(_unpad_rows(out, plan))
-        return res
-
-    def forward_decode(
-        self, h: torch.Tensor, inputs: DecodeInputs, pool: StatePool
-    ) -> torch.Tensor:
-        q, k, v = self._qkv(h)
-        slot = torch.where(inputs.slots < 0, DUMMY_SLOT, inputs.slots)
-        kc, vc = pool.k[self.index], pool.v[self.index]
-        kc.index_put_((slot, inputs.positions), k.to(kc.dtype))
-        vc.index_put_((slot, inputs.positions), v.to(vc.dtype))
-        keys = torch.arange(pool.max_len, device=h.device)
-        mask = keys[None, None, :] <= inputs.positions[:, None, None]  # [B, 1, M]
+        plan = fwd.attention
+        if plan is not None:
+            slots = fwd.md.prefill_slots  # [P]
+            token_slot = slots.index_select(0, plan.token_row)
+            kc.index_put_((token_slot, plan.token_pos), k.to(kc.dtype))
+            vc.index_put_((token_slot, plan.token_pos), v.to(vc.dtype))
+            qpos = plan.starts[:, None] + torch.arange(plan.padded_len, device=h.device)
+            mask = keys[None, None, :] <= qpos[:, :, None]  # [P, L, M]
+            out = self._attend(_pad_rows(q, plan), kc[slots], vc[slots], mask)
+            res: torch.Tensor = self.o_proj(_unpad_rows(out, plan))
+            return res
+        assert fwd.positions is not None
+        slot = fwd.md.mamba_cache_indices
+        kc.index_put_((slot, fwd.positions), k.to(kc.dtype))
+        vc.index_put_((slot, fwd.positions), v.to(vc.dtype))
+        mask = keys[None, None, :] <= fwd.positions[:, None, None]  # [B, 1, M]
         out = self._attend(q[:, None], kc[slot], vc[slot], mask)
-        res: torch.Tensor = self.o_proj(out[:, 0])
-        return res
+        dec: torch.Tensor = self.o_proj(out[:, 0])
+        return dec
 
 
 class Block(nn.Module):
@@ -379,19 +271,10 @@ class Block(nn.Module):
         out: torch.Tensor = self.norm(h.to(self.norm.weight.dtype))
         return out
 
-    def forward_prefill(self, h: torch.Tensor, plan: PrefillPlan, pool: StatePool) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, fwd: Forward) -> torch.Tensor:
         x = self._mixed(h)
         if isinstance(self.mixer, Mamba2Mixer | Attention):
-            return h + self.mixer.forward_prefill(x, plan, pool)
-        mlp: torch.Tensor = self.mixer(x)
-        return h + mlp
-
-    def forward_decode(
-        self, h: torch.Tensor, inputs: DecodeInputs, pool: StatePool
-    ) -> torch.Tensor:
-        x = self._mixed(h)
-        if isinstance(self.mixer, Mamba2Mixer | Attention):
-            return h + self.mixer.forward_decode(x, inputs, pool)
+            return h + self.mixer.forward(x, fwd)
         mlp: torch.Tensor = self.mixer(x)
         return h + mlp
 
@@ -425,41 +308,64 @@ class NemotronH(nn.Module):
         out: torch.Tensor = self.lm_head(self.norm_f(h))
         return out.float()
 
+    def _layers(self, h: torch.Tensor, fwd: Forward) -> torch.Tensor:
+        for layer in self.layers:
+            assert isinstance(layer, Block)
+            h = layer.forward(h, fwd)
+        # The forward's track-save: every row flagged in mamba_track_mask (a decode row at a
+        # boundary, a prefill row whose boundary is its last token) saves its state now.
+        kernels.track_save_from_metadata(fwd.md, fwd.pool.conv, fwd.pool.ssm)
+        return h
+
     def forward_prefill(
         self,
         input_ids: torch.Tensor,
-        plan: PrefillPlan,
+        md: Mamba2Metadata,
+        attention: AttentionPlan,
         pool: StatePool,
         *,
         all_logits: bool = False,
     ) -> torch.Tensor:
-        """Run the step's prefill rows.
+        """Run a forward of prefill rows (``md.num_decodes == 0``).
 
         Parameters
         ----------
         input_ids : torch.Tensor
             ``[T]`` int64 flat new tokens of all rows, row after row.
+        md : Mamba2Metadata
+            The forward's metadata (:func:`hybridmeta.planner.plan_mixed_batch`).
+        attention : AttentionPlan
+            The attention layers' plan of the same rows.
 
         Returns
         -------
         torch.Tensor
             ``[P, V]`` logits of each row's last token, or ``[T, V]`` with ``all_logits``.
         """
-        if input_ids.shape != (plan.num_tokens,):
+        if md.num_decodes or input_ids.shape != (md.num_prefill_tokens,):
             raise ValueError(
-                f"NemotronH.forward_prefill: input_ids must have shape ({plan.num_tokens},), "
-                f"got {tuple(input_ids.shape)}"
+                f"NemotronH.forward_prefill: input_ids must have shape ({md.num_prefill_tokens},) "
+                f"and the metadata no decode rows, got {tuple(input_ids.shape)} and "
+                f"{md.num_decodes} decode rows"
             )
-        h = self.embeddings(input_ids)
-        for layer in self.layers:
-            assert isinstance(layer, Block)
-            h = layer.forward_prefill(h, plan, pool)
-        return self.logits(h if all_logits else h[plan.last])
+        h = self._layers(self.embeddings(input_ids), Forward(md=md, pool=pool, attention=attention))
+        return self.logits(h if all_logits else h[attention.last])
 
-    def forward_decode(self, inputs: DecodeInputs, pool: StatePool) -> torch.Tensor:
-        """One token per row -> ``[B, V]`` logits; capturable (fixed shapes, no host reads)."""
-        h = self.embeddings(inputs.input_ids)
-        for layer in self.layers:
-            assert isinstance(layer, Block)
-            h = layer.forward_decode(h, inputs, pool)
-        return self.logits(h)
+    def forward_decode(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        md: Mamba2Metadata,
+        pool: StatePool,
+    ) -> torch.Tensor:
+        """One token per row -> ``[B, V]`` logits; capturable (fixed shapes, no host reads).
+
+        Parameters
+        ----------
+        input_ids, positions : torch.Tensor
+            ``[B]`` int64 token and position of each row (pad rows: any value).
+        md : Mamba2Metadata
+            Decode metadata of exactly ``B`` rows (pad rows carry slot ``-1``).
+        """
+        h = self.embeddings(input_ids)
+        return self.logits(self._layers(h, Forward(md=md, pool=pool, positions=positions)))

@@ -1,10 +1,13 @@
 """State storage of the reference runtime: one pool of slots for Mamba state and attention KV.
 
-Slot 0 is a dummy that pad rows read and write, so a padded batch never touches live
-state. Slots ``1 .. num_working`` are working slots (one per running request); the rest
-are track slots that hold a snapshot of a request's state at a track boundary for the
-prefix cache. Ownership is enforced by :class:`SlotAllocator`: a slot is handed out once
-and must be freed before it is handed out again.
+Slots ``0 .. num_working - 1`` are working slots (one per running request); the rest are
+track slots that hold a snapshot of a request's state at a track boundary for the prefix
+cache. Pad rows carry slot ``-1``, as everywhere in hybridmeta: the Mamba2 ops read and
+write nothing for them. The attention KV pool (the runtime's attention, not a Mamba2 op)
+has one scratch row past the last slot, which index ``-1`` addresses, so a padded
+attention row writes there and never into a live slot. Ownership is enforced by
+:class:`SlotAllocator`: a slot is handed out once and must be freed before it is handed
+out again.
 """
 
 from __future__ import annotations
@@ -14,9 +17,7 @@ import torch
 
 from hybridmeta.runtime.config import NemotronHConfig
 
-__all__ = ["DUMMY_SLOT", "OutOfSlotsError", "SlotAllocator", "StatePool"]
-
-DUMMY_SLOT = 0
+__all__ = ["OutOfSlotsError", "SlotAllocator", "StatePool"]
 
 
 class OutOfSlotsError(RuntimeError):
@@ -69,7 +70,8 @@ class StatePool:
     ssm : torch.Tensor
         ``[L_mamba, S, H, D, N]`` fp32 SSM states.
     k, v : torch.Tensor
-        ``[L_attn, S, max_len, KVH, head_dim]`` attention KV by slot and position.
+        ``[L_attn, S + 1, max_len, KVH, head_dim]`` attention KV by slot and position; row
+        ``S`` (index ``-1``) is the pad rows' scratch.
     """
 
     conv: torch.Tensor
@@ -91,14 +93,14 @@ class StatePool:
         device: torch.device,
         dtype: torch.dtype,
     ) -> StatePool:
-        """Allocate zeroed storage for ``1 + num_working + num_track`` slots."""
+        """Allocate zeroed storage for ``num_working + num_track`` slots."""
         if num_working < 1:
             raise ValueError(f"StatePool: num_working must be >= 1, got {num_working}")
         if num_track < 0:
             raise ValueError(f"StatePool: num_track must be >= 0, got {num_track}")
         if max_len < 1:
             raise ValueError(f"StatePool: max_len must be >= 1, got {max_len}")
-        s = 1 + num_working + num_track
+        s = num_working + num_track
         lm = max(len(config.mamba_layers), 1)
         la = max(len(config.attention_layers), 1)
         conv = torch.zeros(
@@ -113,7 +115,7 @@ class StatePool:
             device=device,
             dtype=torch.float32,
         )
-        kv_shape = (la, s, max_len, config.num_key_value_heads, config.head_dim)
+        kv_shape = (la, s + 1, max_len, config.num_key_value_heads, config.head_dim)
         k = torch.zeros(kv_shape, device=device, dtype=dtype)
         v = torch.zeros(kv_shape, device=device, dtype=dtype)
         return cls(conv, ssm, k, v, num_working, num_track, max_len)

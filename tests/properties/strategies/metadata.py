@@ -49,17 +49,8 @@ def forward_metadata_kwargs(draw: st.DrawFn, *, max_bs: int = 8) -> dict[str, An
         kw["is_target_verify"] = True
         kw["draft_token_num"] = k
         for name in ("retrieve_next_token", "retrieve_next_sibling", "retrieve_parent_token"):
-            kw[name] = torch.full((bs, k), -1, dtype=torch.int64)
-    for src, dst in (
-        ("track_ssm_h_src", "track_ssm_h_dst"),
-        ("track_ssm_final_src", "track_ssm_final_dst"),
-    ):
-        if draw(st.booleans()):
-            n = draw(st.integers(0, 4))
-            kw[src] = draw(index_tensor(n))
-            kw[dst] = draw(index_tensor(n))
-    if draw(st.booleans()):
-        kw["track_conv_indices"] = draw(index_tensor(draw(st.integers(0, 4))))
+            if draw(st.booleans()):
+                kw[name] = torch.full((bs, k), -1, dtype=torch.int64)
     if draw(st.booleans()):
         kw["conv_states_mask_indices"] = draw(index_tensor(draw(st.integers(0, 4))))
     return kw

@@ -2,12 +2,12 @@
 import torch
 
 from hybridmeta import metadata, tensor_field
-from hybridmeta.core import INDEX, Pad
+from hybridmeta.core import BATCH, INDEX, Pad
 
 
 @metadata
 class EngineSource:
-    slots: torch.Tensor = tensor_field(rows="batch", dtypes=INDEX, pad=Pad.value(-1))
+    slots: torch.Tensor = tensor_field(rows=BATCH, dtypes=INDEX, pad=Pad.value(-1))
     flag: bool = False
 
 

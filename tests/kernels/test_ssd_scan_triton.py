@@ -1,4 +1,4 @@
-"""The Triton scan against the oracle and the torch scan (interpreter on the CPU)."""
+"""The Triton scan against the oracle and the scan's reference (interpreter on the CPU)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import pytest
 import torch
 from hypothesis import given, settings
 
-from hybridmeta.prefill import causal_conv1d_prefill, ssd_chunked_scan, ssd_chunked_scan_triton
-from tests.prefill.test_scan import spec_of
+from hybridmeta.kernels import causal_conv1d_prefill, ssd_chunked_scan
+from tests.kernels.test_ssd_scan import spec_of
 from tests.properties.strategies.prefill import (
     BF16,
     BatchSpec,
@@ -21,7 +21,7 @@ from tests.properties.strategies.prefill import (
     split_of,
 )
 
-# These run the Triton scan on CPU tensors (interpreted); tests/prefill/test_gpu.py runs it
+# These run the Triton scan on CPU tensors (interpreted); tests/kernels/test_prefill_gpu.py runs it
 # compiled on a GPU.
 pytestmark = pytest.mark.interpreter
 
@@ -30,24 +30,26 @@ def test_matches_torch_scan_and_oracle() -> None:
     spec = attrs.evolve(spec_of(), track_interval=4)  # every track kind in one batch
     data = make_layer(spec)
     rows = run_oracle(spec, data)
-    plan = plan_of(spec)
+    md = plan_of(spec)
     conv = causal_conv1d_prefill(
-        data.xbc, data.conv_weight, data.conv_bias, plan=plan, conv_state=data.conv_pool
+        data.xbc, data.conv_weight, data.conv_bias, md=md, conv_state=data.conv_pool
     )
     x, B, C = split_of(spec, conv.out)
     pool_t = data.ssm_pool.clone()
     ref = ssd_chunked_scan(
-        x, data.dt, B, C, params=data.params, plan=plan, ssm_state=pool_t, return_chunk_states=True
-    )
-    out = ssd_chunked_scan_triton(
+        x, data.dt, B, C, params=data.params, md=md, ssm_state=pool_t, return_chunk_states=True,
+        impl="reference",
+    )  # fmt: skip
+    out = ssd_chunked_scan(
         x,
         data.dt,
         B,
         C,
         params=data.params,
-        plan=plan,
+        md=md,
         ssm_state=data.ssm_pool,
         return_chunk_states=True,
+        impl="triton",
     )
     close(out.y, torch.cat([r.y for r in rows]))
     close(out.y, ref.y)
@@ -55,7 +57,7 @@ def test_matches_torch_scan_and_oracle() -> None:
     assert out.chunk_states is not None
     assert ref.chunk_states is not None
     close(out.chunk_states, ref.chunk_states)
-    assert plan.track.recompute_rows
+    assert md.mixed is not None and md.mixed.track.num_recompute
     close(out.recomputed, ref.recomputed)
     close(out.tracked_h, ref.tracked_h)
 
@@ -67,7 +69,7 @@ def test_fresh_rows_never_read_their_slot() -> None:
     for r, slot in enumerate(spec.slots):
         if spec.prefix_lens[r] == 0:
             data.ssm_pool[slot] = float("nan")
-    _, scan = run_pipeline(spec, data, plan_of(spec), track=False, scan_fn=ssd_chunked_scan_triton)
+    _, scan = run_pipeline(spec, data, plan_of(spec), track=False, impl="triton")
     close(scan.y, torch.cat([r.y for r in rows]))
 
 
@@ -77,7 +79,7 @@ def test_property_tracked_states(spec: BatchSpec) -> None:
     data = make_layer(spec)
     ref = attrs.evolve(data, conv_pool=data.conv_pool.clone(), ssm_pool=data.ssm_pool.clone())
     _, s_ref = run_pipeline(spec, ref, plan_of(spec))
-    _, s_tri = run_pipeline(spec, data, plan_of(spec), scan_fn=ssd_chunked_scan_triton)
+    _, s_tri = run_pipeline(spec, data, plan_of(spec), impl="triton")
     close(s_tri.y, s_ref.y)
     close(data.ssm_pool, ref.ssm_pool)
     assert torch.equal(data.conv_pool, ref.conv_pool)
@@ -89,7 +91,7 @@ def test_bf16_activations_within_bf16_tolerance() -> None:
     spec = attrs.evolve(spec_of(), track_interval=4)
     data = make_layer(spec).to("cpu", torch.bfloat16)
     rows = run_oracle(spec, data)
-    _, scan = run_pipeline(spec, data, plan_of(spec), scan_fn=ssd_chunked_scan_triton)
+    _, scan = run_pipeline(spec, data, plan_of(spec), impl="triton")
     assert scan.y.dtype == torch.bfloat16
     close(scan.y, torch.cat([r.y for r in rows]), BF16)
     for r, slot in enumerate(spec.slots):
@@ -99,9 +101,10 @@ def test_bf16_activations_within_bf16_tolerance() -> None:
 def test_shape_errors() -> None:
     spec = spec_of()
     data = make_layer(spec)
-    plan = plan_of(spec)
+    md = plan_of(spec)
     x = torch.zeros(3, spec.nheads, spec.headdim)
-    with pytest.raises(ValueError, match="x has 3 tokens but the plan has 21"):
-        ssd_chunked_scan_triton(
-            x, data.dt[:3], x, x, params=data.params, plan=plan, ssm_state=data.ssm_pool
-        )
+    with pytest.raises(ValueError, match="x has 3 tokens but the metadata has 21"):
+        ssd_chunked_scan(
+            x, data.dt[:3], x, x, params=data.params, md=md, ssm_state=data.ssm_pool,
+            impl="triton",
+        )  # fmt: skip

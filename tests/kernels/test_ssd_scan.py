@@ -1,4 +1,4 @@
-"""Unit tests of the chunked SSD scan and the prefill conv (CPU)."""
+"""Unit tests of the chunked SSD scan's reference and the prefill conv (CPU)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import attrs
 import pytest
 import torch
 
-from hybridmeta.prefill import causal_conv1d_prefill, ssd_chunked_scan
+from hybridmeta.kernels import causal_conv1d_prefill, ssd_chunked_scan
 from tests.properties.strategies.prefill import (
     BF16,
     BatchSpec,
@@ -90,48 +90,49 @@ def test_single_token_rows_and_one_chunk() -> None:
     )
     data = make_layer(spec)
     rows = run_oracle(spec, data)
-    plan = plan_of(spec)
-    assert plan.num_logical_chunks == 3
-    assert plan.num_physical_chunks == 1
-    _, scan = run_pipeline(spec, data, plan, track=False)
+    md = plan_of(spec)
+    assert md.mixed is not None
+    assert md.mixed.chunks.num_logical == 3
+    assert md.mixed.chunks.phys_last_chunk.shape[0] == 1
+    _, scan = run_pipeline(spec, data, md, track=False)
     close(scan.y, torch.cat([r.y for r in rows]))
 
 
 def test_shape_errors_name_the_argument() -> None:
     spec = spec_of()
     data = make_layer(spec)
-    plan = plan_of(spec)
+    md = plan_of(spec)
     conv = causal_conv1d_prefill(
-        data.xbc, data.conv_weight, data.conv_bias, plan=plan, conv_state=data.conv_pool
+        data.xbc, data.conv_weight, data.conv_bias, md=md, conv_state=data.conv_pool
     )
     x, B, C = split_of(spec, conv.out)
-    with pytest.raises(ValueError, match="x has 20 tokens but the plan has 21"):
+    with pytest.raises(ValueError, match="x has 20 tokens but the metadata has 21"):
         ssd_chunked_scan(
             x[:-1],
             data.dt[:-1],
             B[:-1],
             C[:-1],
             params=data.params,
-            plan=plan,
+            md=md,
             ssm_state=data.ssm_pool,
         )
     with pytest.raises(ValueError, match="dt must be"):
         ssd_chunked_scan(
-            x, data.dt[:, :1], B, C, params=data.params, plan=plan, ssm_state=data.ssm_pool
+            x, data.dt[:, :1], B, C, params=data.params, md=md, ssm_state=data.ssm_pool
         )
     with pytest.raises(ValueError, match="ssm_state must be"):
         ssd_chunked_scan(
-            x, data.dt, B, C, params=data.params, plan=plan, ssm_state=data.ssm_pool[..., :1]
+            x, data.dt, B, C, params=data.params, md=md, ssm_state=data.ssm_pool[..., :1]
         )
     with pytest.raises(ValueError, match="conv_state must be"):
         causal_conv1d_prefill(
             data.xbc,
             data.conv_weight,
             data.conv_bias,
-            plan=plan,
+            md=md,
             conv_state=data.conv_pool[..., :1],
         )
     with pytest.raises(ValueError, match="weight must be"):
         causal_conv1d_prefill(
-            data.xbc, data.conv_weight[:, :2], data.conv_bias, plan=plan, conv_state=data.conv_pool
+            data.xbc, data.conv_weight[:, :2], data.conv_bias, md=md, conv_state=data.conv_pool
         )

@@ -3,16 +3,14 @@ against the CPU oracle, and no host sync on the per-layer path."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import attrs
 import pytest
 import torch
 from hypothesis import given
 
-from hybridmeta.prefill import SSDScanOutput, ssd_chunked_scan, ssd_chunked_scan_triton
-from hybridmeta.prefill.oracle import oracle_track_plan
-from tests.prefill.test_scan import spec_of
+from hybridmeta.kernels import Impl
+from tests.kernels.test_ssd_scan import spec_of
+from tests.oracle import oracle_track_plan
 from tests.properties.strategies.prefill import (
     BF16,
     FP32,
@@ -29,19 +27,17 @@ from tests.properties.strategies.prefill import (
 pytestmark = pytest.mark.gpu
 
 
-SCANS = {"torch": ssd_chunked_scan, "triton": ssd_chunked_scan_triton}
+IMPLS: tuple[Impl, ...] = ("reference", "triton")
 
 
-def _check_against_oracle(
-    spec: BatchSpec, dtype: torch.dtype, scan_fn: Callable[..., SSDScanOutput] = ssd_chunked_scan
-) -> None:
+def _check_against_oracle(spec: BatchSpec, dtype: torch.dtype, impl: Impl = "reference") -> None:
     cpu = make_layer(spec)
     data = cpu.to("cuda", dtype)
     rows = run_oracle(spec, data)  # on the CPU, from the device data's (rounded) values
     ssm0 = data.ssm_pool.clone()
     conv0 = data.conv_pool.clone()
-    plan = plan_of(spec, "cuda")
-    conv, scan = run_pipeline(spec, data, plan, scan_fn=scan_fn)
+    md = plan_of(spec, "cuda")
+    conv, scan = run_pipeline(spec, data, md, impl=impl)
     tol = FP32 if dtype == torch.float32 else BF16
     close(conv.out, torch.cat([r.u for r in rows]), tol)
     # the scan against the SSM oracle fed with the conv output it actually received
@@ -68,15 +64,15 @@ def _check_against_oracle(
             assert torch.equal(data.ssm_pool[t.dst], ssm0[spec.slots[t.row]])
 
 
-@pytest.mark.parametrize("scan", sorted(SCANS))
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fixed_batch_on_gpu(dtype: torch.dtype, scan: str) -> None:
-    _check_against_oracle(attrs.evolve(spec_of(), track_interval=4), dtype, SCANS[scan])
+def test_fixed_batch_on_gpu(dtype: torch.dtype, impl: Impl) -> None:
+    _check_against_oracle(attrs.evolve(spec_of(), track_interval=4), dtype, impl)
 
 
-@pytest.mark.parametrize("scan", sorted(SCANS))
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_larger_heads_on_gpu(dtype: torch.dtype, scan: str) -> None:
+def test_larger_heads_on_gpu(dtype: torch.dtype, impl: Impl) -> None:
     # 64-token chunks, rows straddling several chunks, every track kind.
     spec = spec_of(
         nheads=16,
@@ -93,7 +89,7 @@ def test_larger_heads_on_gpu(dtype: torch.dtype, scan: str) -> None:
         num_decodes=1,
         pool_size=10,
     )
-    _check_against_oracle(spec, dtype, SCANS[scan])
+    _check_against_oracle(spec, dtype, impl)
 
 
 @given(spec=batch_specs(max_decodes=2))
@@ -103,19 +99,19 @@ def test_property_on_gpu(spec: BatchSpec) -> None:
 
 @given(spec=batch_specs(max_decodes=2))
 def test_property_on_gpu_triton(spec: BatchSpec) -> None:
-    _check_against_oracle(spec, torch.float32, ssd_chunked_scan_triton)
+    _check_against_oracle(spec, torch.float32, "triton")
 
 
-@pytest.mark.parametrize("scan", sorted(SCANS))
-def test_layer_path_has_no_host_sync(scan: str) -> None:
+@pytest.mark.parametrize("impl", IMPLS)
+def test_layer_path_has_no_host_sync(impl: Impl) -> None:
     spec = attrs.evolve(spec_of(), track_interval=4)
     data = make_layer(spec).to("cuda")
-    plan = plan_of(spec, "cuda")
-    assert not plan.track.empty
+    md = plan_of(spec, "cuda")
+    assert md.mixed is not None and md.mixed.track.num_h + md.mixed.track.num_recompute
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        run_pipeline(spec, data, plan, scan_fn=SCANS[scan])
+        run_pipeline(spec, data, md, impl=impl)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()

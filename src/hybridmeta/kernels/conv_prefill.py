@@ -4,7 +4,11 @@ Each token's window is gathered from the *extended* input: the flattened prefill
 followed by every prefill row's initial conv state (``K - 1`` columns, zeros where the
 row has none), so a window that reaches back before a row's first new token reads that
 row's saved inputs and never a neighbour's tokens. The indices are planned on the host
-(:func:`hybridmeta.prefill.plan_mixed_batch`); here there is no loop over rows and no sync.
+and arrive in the forward's metadata (``md.mixed.conv``,
+:class:`~hybridmeta.model.ConvWindows`); here there is no loop over rows and no sync.
+
+One implementation, in torch (gathers and a K-tap sum; no Triton kernel yet): it is this
+op's reference too.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import attrs
 import torch
 import torch.nn.functional as F
 
-from hybridmeta.prefill.planner import PrefillPlan
+from hybridmeta.model import Mamba2Metadata
 
 __all__ = ["ConvPrefillOutput", "causal_conv1d_prefill", "extended_conv_input"]
 
@@ -46,7 +50,7 @@ def causal_conv1d_prefill(
     weight: torch.Tensor,
     bias: torch.Tensor | None,
     *,
-    plan: PrefillPlan,
+    md: Mamba2Metadata,
     conv_state: torch.Tensor,
     activation: str | None = "silu",
 ) -> ConvPrefillOutput:
@@ -60,7 +64,8 @@ def causal_conv1d_prefill(
         ``[conv_dim, K]`` with ``K == plan.conv_kernel``.
     bias : torch.Tensor or None
         ``[conv_dim]``.
-    plan : PrefillPlan
+    md : Mamba2Metadata
+        The forward's metadata; ``md.mixed.conv`` holds the windows.
     conv_state : torch.Tensor
         ``[num_slots, conv_dim, K-1]`` pool, oldest input first. Rows with an initial state
         read it from their working slot; every prefill row's last ``K-1`` inputs are written
@@ -76,11 +81,14 @@ def causal_conv1d_prefill(
             f"causal_conv1d_prefill: xbc must be [T, conv_dim], got {tuple(xbc.shape)}"
         )
     T, dim = xbc.shape
-    K = plan.conv_kernel
-    if plan.num_prefill_tokens != T:
+    mixed = md.mixed
+    if mixed is None:
+        raise ValueError("causal_conv1d_prefill: the metadata has no prefill rows (mixed is None)")
+    K = mixed.conv.kernel_size
+    if md.num_prefill_tokens != T:
         raise ValueError(
-            f"causal_conv1d_prefill: xbc has {T} tokens but the plan has "
-            f"{plan.num_prefill_tokens} prefill tokens"
+            f"causal_conv1d_prefill: xbc has {T} tokens but the metadata has "
+            f"{md.num_prefill_tokens} prefill tokens"
         )
     if weight.shape != (dim, K):
         raise ValueError(
@@ -98,8 +106,8 @@ def causal_conv1d_prefill(
             f"causal_conv1d_prefill: activation must be 'silu' or None, got {activation!r}"
         )
 
-    init = conv_state.index_select(0, plan.slots)  # [R, dim, K-1]
-    init = torch.where(plan.has_initial_states[:, None, None], init, 0)
+    init = conv_state.index_select(0, md.prefill_slots)  # [R, dim, K-1]
+    init = torch.where(mixed.has_initial_states[:, None, None], init, 0)
     init = init.transpose(1, 2).contiguous()  # [R, K-1, dim]
     ext = extended_conv_input(xbc, init)  # [T + R*(K-1), dim]
     w = weight.float()
@@ -107,8 +115,8 @@ def causal_conv1d_prefill(
     if bias is not None:
         acc = acc + bias.float()
     for k in range(K):  # K taps (a constant, not a loop over rows)
-        acc = acc + ext.index_select(0, plan.token_conv_indices[:, k]).float() * w[:, k]
+        acc = acc + ext.index_select(0, mixed.conv.token_windows[:, k]).float() * w[:, k]
     out = F.silu(acc) if activation == "silu" else acc
-    final = ext[plan.final_conv_indices]  # [R, K-1, dim]
-    conv_state.index_copy_(0, plan.slots, final.transpose(1, 2).to(conv_state.dtype))
+    final = ext[mixed.conv.final_windows]  # [R, K-1, dim]
+    conv_state.index_copy_(0, md.prefill_slots, final.transpose(1, 2).to(conv_state.dtype))
     return ConvPrefillOutput(out=out.to(xbc.dtype), init_windows=init)

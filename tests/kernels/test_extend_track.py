@@ -1,13 +1,16 @@
-"""Unit tests of the extend track-save: one row of each kind, against the oracle."""
+"""Unit tests of the track saves of a prefill forward: one row of each kind (mid-row
+on-grid, mid-row off-grid, final), against the oracle."""
 
 from __future__ import annotations
 
+import attrs
 import pytest
 import torch
 
-from hybridmeta.prefill import extend_track_save
-from hybridmeta.prefill.oracle import oracle_track_plan
-from tests.prefill.test_scan import spec_of
+from hybridmeta.kernels import extend_track_save, track_save_from_metadata
+from hybridmeta.planner import plan_host
+from tests.kernels.test_ssd_scan import spec_of
+from tests.oracle import oracle_track_plan
 from tests.properties.strategies.prefill import close, make_layer, plan_of, run_oracle, run_pipeline
 
 
@@ -25,13 +28,12 @@ def test_each_kind_lands_in_its_track_slot() -> None:
     data = make_layer(spec)
     conv0, ssm0 = data.conv_pool.clone(), data.ssm_pool.clone()
     rows = run_oracle(spec, data)
-    plan = plan_of(spec)
-    assert (plan.track.recompute_rows, plan.track.h_rows, plan.track.final_rows) == (
-        (0,),
-        (1,),
-        (2,),
-    )
-    run_pipeline(spec, data, plan)
+    md = plan_of(spec)
+    assert md.mixed is not None
+    tr = md.mixed.track
+    assert (tr.recompute_rows.tolist(), tr.h_rows.tolist()) == ([0], [1])
+    assert md.mamba_track_mask is not None and md.mamba_track_mask.tolist() == [False, False, True]
+    run_pipeline(spec, data, md)
     for row, k, dst in ((0, 2, 6), (1, 3, 7), (2, 3, 8)):
         close(data.ssm_pool[dst], rows[row].ssm_states[k])
         assert torch.equal(data.conv_pool[dst], rows[row].conv_states[k])
@@ -52,8 +54,10 @@ def test_no_boundary_writes_nothing() -> None:
     )
     data = make_layer(spec)
     ssm0 = data.ssm_pool.clone()
-    plan = plan_of(spec)
-    assert plan.track.empty
+    md = plan_of(spec)
+    assert md.mixed is not None
+    assert md.mixed.track.num_h == md.mixed.track.num_recompute == 0
+    assert not md.has_mamba_track_mask
     assert not oracle_track_plan(
         spec.extend_lens,
         spec.prefix_lens,
@@ -63,11 +67,11 @@ def test_no_boundary_writes_nothing() -> None:
         chunk_size=4,
         track_interval=8,
     )
-    run_pipeline(spec, data, plan)
+    run_pipeline(spec, data, md)
     assert torch.equal(data.ssm_pool[2:], ssm0[2:])
 
 
-def test_decode_only_batch_needs_no_prefill_outputs() -> None:
+def test_decode_only_batch_saves_through_the_forwards_track_save() -> None:
     # decode rows 0 (prefix 7: 7+1 = 8 is a boundary) and 1 (prefix 8: none)
     spec = spec_of(
         extend_lens=(1, 1),
@@ -82,17 +86,16 @@ def test_decode_only_batch_needs_no_prefill_outputs() -> None:
     )
     data = make_layer(spec)
     ssm0, conv0 = data.ssm_pool.clone(), data.conv_pool.clone()
-    plan = plan_of(spec)
-    assert plan.track.final_rows == (0,)
-    extend_track_save(
-        plan, xbc=None, conv=None, scan=None, conv_state=data.conv_pool, ssm_state=data.ssm_pool
-    )
+    md = plan_of(spec)
+    assert md.mixed is None and md.mamba_track_mask is not None
+    assert md.mamba_track_mask.tolist() == [True, False]
+    track_save_from_metadata(md, data.conv_pool[None], data.ssm_pool[None])
     assert torch.equal(data.ssm_pool[2], ssm0[0])
     assert torch.equal(data.conv_pool[2], conv0[0])
     assert torch.equal(data.ssm_pool[[0, 1, 3]], ssm0[[0, 1, 3]])
 
 
-def test_mid_row_entries_need_the_prefill_outputs() -> None:
+def test_extend_track_save_refuses_another_forwards_scan() -> None:
     spec = spec_of(
         extend_lens=(5,),
         prefix_lens=(2,),
@@ -104,8 +107,15 @@ def test_mid_row_entries_need_the_prefill_outputs() -> None:
         pool_size=2,
     )
     data = make_layer(spec)
-    plan = plan_of(spec)
-    with pytest.raises(ValueError, match=r"mid-row boundaries \(rows \(0,\)\)"):
+    md = plan_of(spec)
+    other = attrs.evolve(spec, track_mask=(False,))
+    conv, scan = run_pipeline(other, make_layer(other), plan_of(other), track=False)
+    with pytest.raises(ValueError, match=r"scan holds 0 / 0 boundary states but the plan has 0 / 1"):
         extend_track_save(
-            plan, xbc=None, conv=None, scan=None, conv_state=data.conv_pool, ssm_state=data.ssm_pool
-        )
+            md, xbc=data.xbc, conv=conv, scan=scan, conv_state=data.conv_pool,
+            ssm_state=data.ssm_pool,
+        )  # fmt: skip
+    assert plan_host(
+        extend_lens=[5], prefix_lens=[2], slots=[0], num_decodes=0, chunk_size=4, conv_kernel=4,
+        track_interval=4, track_mask=[True], track_slots=[1],
+    ).recompute_rows == (0,)  # fmt: skip

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from hybridmeta.prefill.oracle import (
-    SSMParams,
+from hybridmeta.kernels import SSMParams
+from tests.oracle import (
     oracle_conv_row,
     oracle_ssm_row,
     oracle_track_plan,

@@ -1,10 +1,11 @@
-"""Token-by-token, request-by-request Mamba2 recurrence: the executable oracle.
+"""Token-by-token, request-by-request Mamba2 recurrence: the tests' executable oracle.
 
 Nothing here is fast and nothing here is clever: every token of every request is pushed
 through the causal conv1d window and the SSM recurrence one at a time, in fp32, with
-plain Python loops. The vectorised prefill path (:mod:`hybridmeta.prefill.scan`,
-:mod:`hybridmeta.prefill.conv`) and the planner (:mod:`hybridmeta.prefill.planner`) are
-checked against this module.
+plain Python loops, written independently of the library's math. The prefill ops
+(:mod:`hybridmeta.kernels.ssd_scan`, :mod:`hybridmeta.kernels.conv_prefill`,
+:mod:`hybridmeta.kernels.extend_track`) and the planner (:mod:`hybridmeta.planner`) are
+checked against this module; no library code imports it.
 
 The layer math (no in/out projection, no gated norm):
 
@@ -24,27 +25,7 @@ import attrs
 import torch
 import torch.nn.functional as F
 
-
-@attrs.frozen(kw_only=True)
-class SSMParams:
-    """Per-layer SSM parameters shared by the oracle and the vectorised scan.
-
-    Parameters
-    ----------
-    A : torch.Tensor
-        ``[H]`` negative decay rates (``-exp(A_log)``).
-    D : torch.Tensor
-        ``[H]`` skip connection.
-    dt_bias : torch.Tensor
-        ``[H]`` added to the raw ``dt`` before the softplus.
-    dt_softplus : bool
-        Apply ``softplus`` to ``dt + dt_bias`` (Mamba2 does).
-    """
-
-    A: torch.Tensor
-    D: torch.Tensor
-    dt_bias: torch.Tensor
-    dt_softplus: bool = True
+from hybridmeta.kernels import SSMParams
 
 
 def process_dt(dt: torch.Tensor, params: SSMParams) -> torch.Tensor:

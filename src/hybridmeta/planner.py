@@ -1,35 +1,41 @@
-"""The mixed-batch planner: host description of a batch in, ``Mamba2Metadata`` + plan out.
+"""The mixed-batch planner: host description of a batch in, ``Mamba2Metadata`` out.
 
-Everything is decided here, once per forward, from host data (``REFERENCE.md`` §2 class F,
-§3): no device tensor is read, and the device-side plan is one packed, non-blocking
-host-to-device copy. The Mamba2 metadata itself is built through
-:func:`hybridmeta.model.prepare_mixed` (or :func:`~hybridmeta.model.prepare_decode` when the
-batch has no prefill row), never by hand.
+Everything is decided here, once per forward, from host data: no device tensor is read,
+and the whole device-side plan (the forward's per-row fields and the nested
+:class:`~hybridmeta.model.MixedMetadata`) is one packed, non-blocking host-to-device copy.
+The metadata is built through the declared constructors only (``ForwardMetadata(...)``,
+then ``Mamba2Metadata.evolve_from`` via :func:`~hybridmeta.model.prepare_decode` or
+:meth:`MixedHostPlan.metadata`).
 
-The track plan (prefix cache of recurrent state). A row with ``track_mask`` set saves its
-conv + SSM state at the *last* absolute position ``b`` (a positive multiple of
-``track_interval``) reached by its new tokens, ``prefix < b <= prefix + extend``:
+Two steps, so an engine can stage its own arrays (attention plans) in the same copy::
 
-* ``b`` ends the row: the final state, written to the row's working slot by the scan (or by
-  the decode update for a decode row), is copied working slot -> track slot
-  (``track_ssm_final_src/dst``; the conv window likewise);
+    hp = plan_host(extend_lens=..., prefix_lens=..., slots=..., num_decodes=..., ...)
+    views = to_device_packed({**hp.arrays, **my_arrays}, device)
+    md = hp.metadata(views)
+
+or in one call: ``md = plan_mixed_batch(..., device=device)``.
+
+The track policy (prefix cache of recurrent state), one for every implementation. A row
+with ``track_mask`` set saves its conv + SSM state at the *last* absolute position ``b`` (a
+positive multiple of ``track_interval``) reached by its new tokens,
+``prefix < b <= prefix + extend``:
+
+* ``b`` ends the row (every decode row that reaches a boundary; a prefill row whose
+  boundary is its last token): ``mamba_track_mask`` is set for the row, and the layers
+  save its final state after they ran (the decode track-save);
 * ``b`` falls on the SSD scan's chunk grid, which is **global over the flattened prefill
-  tokens** (``REFERENCE.md`` §2 class C): the flattened position ``g`` after the
-  boundary token satisfies ``g % chunk_size == 0`` and the state is the chunk state
-  ``h[g // chunk_size - 1]`` (``track_ssm_h_src/dst``);
+  tokens**: the flattened position ``g`` after the boundary token satisfies
+  ``g % chunk_size == 0`` and the state is the chunk state after chunk ``g // chunk_size - 1``
+  (``ExtendTrackPlan.h_*``);
 * otherwise the boundary is off the grid and is recomputed from the state entering its
-  logical chunk plus fewer than ``chunk_size`` tokens (``recompute_*``).
+  logical chunk plus fewer than ``chunk_size`` tokens (``ExtendTrackPlan.recompute_*``).
 
-The conv window of a mid-row boundary is gathered with ``track_conv_indices``
-``[n_mid, K-1]``, indices into the *extended* conv input: ``i < T`` is flattened prefill
-token ``i``; ``T + r * (K-1) + c`` is column ``c`` (oldest first) of prefill row ``r``'s
-initial conv state (zeros where the row has none). Windows that reach back before a row's
-first new token read its initial state that way.
+Rows that save record their track slot in ``mamba_track_indices``; the others hold ``-1``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import attrs
 import numpy as np
@@ -37,120 +43,129 @@ import numpy.typing as npt
 import torch
 
 from hybridmeta.chunks import chunk_indices_offsets
-from hybridmeta.model import ForwardMetadata, Mamba2Metadata, prepare_decode, prepare_mixed
+from hybridmeta.model import (
+    ChunkPlan,
+    ConvWindows,
+    ExtendTrackPlan,
+    ForwardMetadata,
+    Mamba2Metadata,
+    MixedMetadata,
+    prepare_decode,
+)
 from hybridmeta.staging import to_device_packed
 
-__all__ = ["PrefillPlan", "TrackPlan", "plan_mixed_batch"]
+__all__ = ["MixedHostPlan", "plan_host", "plan_mixed_batch"]
 
 IntArray = npt.NDArray[np.int64]
 IntLike = Sequence[int] | torch.Tensor | npt.NDArray[np.integer]
 BoolLike = Sequence[bool] | torch.Tensor | npt.NDArray[np.bool_]
 
+_P = "hybridmeta."  # key prefix of the planner's staged arrays
 
-@attrs.frozen(kw_only=True)
-class TrackPlan:
-    """Device-side extend track plan (all int64). Entries are in row order.
+
+@attrs.frozen(kw_only=True, eq=False)
+class MixedHostPlan:
+    """A forward planned on the host; :meth:`metadata` builds it from staged views.
 
     Attributes
     ----------
-    final_src, final_dst : torch.Tensor
-        ``[n_final]`` working slot -> track slot, conv and SSM (boundary ends the row).
-    h_src, h_dst : torch.Tensor
-        ``[n_h]`` physical chunk on the global grid -> track slot.
-    h_logical : torch.Tensor
-        ``[n_h]`` the logical chunk whose end is that physical chunk's end (what the scan
-        gathers; ``h_src`` is the engine-facing index).
-    recompute_chunk, recompute_len, recompute_dst : torch.Tensor
-        ``[n_rc]`` logical chunk holding the boundary, number of its tokens before the
-        boundary (``1 .. chunk_size - 1``), track slot.
-    conv_indices, conv_dst : torch.Tensor
-        ``[n_mid, K-1]`` extended-input indices of each mid-row boundary's conv window and
-        ``[n_mid]`` its track slot (``h`` entries first, then recompute entries).
+    arrays : dict of str to numpy array
+        Every device-side array of the forward (int64), keyed ``"hybridmeta.<name>"``;
+        stage them with :func:`~hybridmeta.staging.to_device_packed`.
+    num_prefills, num_decodes, num_prefill_tokens, chunk_size, conv_kernel : int
+    track : bool
+        Track fields are present (``track_mask`` was given).
+    any_final_save : bool
+        Some row saves its final state this step (``has_mamba_track_mask``).
+    query_start_loc_cpu, extend_lens, prefix_lens : tuple of int
+        Host copies.
     final_rows, h_rows, recompute_rows : tuple of int
-        Host copies: which batch rows produced each kind (for logs and tests).
+        Which rows save which kind of boundary (host copies, for logs and tests).
     """
 
-    final_src: torch.Tensor
-    final_dst: torch.Tensor
-    h_src: torch.Tensor
-    h_dst: torch.Tensor
-    h_logical: torch.Tensor
-    recompute_chunk: torch.Tensor
-    recompute_len: torch.Tensor
-    recompute_dst: torch.Tensor
-    conv_indices: torch.Tensor
-    conv_dst: torch.Tensor
+    arrays: dict[str, IntArray]
+    num_prefills: int
+    num_decodes: int
+    num_prefill_tokens: int
+    chunk_size: int
+    conv_kernel: int
+    track: bool
+    any_final_save: bool
+    query_start_loc_cpu: tuple[int, ...]
+    extend_lens: tuple[int, ...]
+    prefix_lens: tuple[int, ...]
     final_rows: tuple[int, ...]
     h_rows: tuple[int, ...]
     recompute_rows: tuple[int, ...]
 
-    @property
-    def empty(self) -> bool:
-        """Host-side: no row saves anything this step."""
-        return not (self.final_rows or self.h_rows or self.recompute_rows)
+    def forward(self, views: Mapping[str, torch.Tensor], **engine: object) -> ForwardMetadata:
+        """The forward's ``ForwardMetadata`` over staged ``views`` of :attr:`arrays`.
+
+        ``engine`` passes further ``ForwardMetadata`` fields of the engine's own (e.g.
+        ``mamba_track_mask_indices``) through the same constructor.
+        """
+        v = _views(views)
+        track = self.track
+        return ForwardMetadata(
+            query_start_loc=v["query_start_loc"],
+            mamba_cache_indices=v["slots"],
+            mamba_track_indices=v["track_slots"] if track else None,
+            mamba_track_mask=(v["track_mask"] != 0) if track else None,
+            has_mamba_track_mask=self.any_final_save,
+            **engine,  # type: ignore[arg-type]
+        )
+
+    def metadata(self, views: Mapping[str, torch.Tensor], **engine: object) -> Mamba2Metadata:
+        """The forward's ``Mamba2Metadata`` over staged ``views`` of :attr:`arrays`."""
+        fwd = self.forward(views, **engine)
+        if not self.num_prefills:
+            return prepare_decode(fwd)
+        v = _views(views)
+        k1 = self.conv_kernel - 1
+        mixed = MixedMetadata(
+            has_initial_states=v["has_init"] != 0,
+            chunks=ChunkPlan(
+                chunk_size=self.chunk_size,
+                start=v["chunk_start"],
+                length=v["chunk_len"],
+                row=v["chunk_row"],
+                first=v["chunk_first"] != 0,
+                token_chunk=v["token_chunk"],
+                token_pos=v["token_pos"],
+                row_last_chunk=v["row_last_chunk"],
+                phys_last_chunk=v["phys_last_chunk"],
+            ),
+            conv=ConvWindows(
+                kernel_size=self.conv_kernel,
+                token_windows=v["token_conv"].view(self.num_prefill_tokens, self.conv_kernel),
+                final_windows=v["final_conv"].view(self.num_prefills, k1),
+            ),
+            track=ExtendTrackPlan(
+                h_rows=v["h_rows"],
+                h_chunk=v["h_chunk"],
+                recompute_rows=v["rc_rows"],
+                recompute_chunk=v["rc_chunk"],
+                recompute_len=v["rc_len"],
+                windows=v["mid_conv"].view(-1, k1),
+            ),
+        )
+        return Mamba2Metadata.evolve_from(
+            fwd,
+            num_prefills=self.num_prefills,
+            num_prefill_tokens=self.num_prefill_tokens,
+            num_decodes=self.num_decodes,
+            mixed=mixed,
+        )
 
 
-@attrs.frozen(kw_only=True)
-class PrefillPlan:
-    """Planner output: the forward's ``Mamba2Metadata`` and the prefill-side device plan.
-
-    Attributes
-    ----------
-    metadata : Mamba2Metadata
-        Built by ``prepare_mixed`` / ``prepare_decode``; carries ``query_start_loc``,
-        ``seq_idx``, ``has_initial_states``, logical chunks and the track plan fields.
-    num_prefills, num_decodes, num_prefill_tokens, chunk_size, conv_kernel : int
-    track_interval : int or None
-    extend_lens, prefix_lens : tuple of int
-        Host copies, all rows.
-    query_start_loc_cpu : tuple of int
-        ``[bs + 1]`` host copy.
-    slots : torch.Tensor
-        ``[num_prefills]`` working slots of the prefill rows (device).
-    has_initial_states : torch.Tensor
-        ``[num_prefills]`` bool (device).
-    token_chunk, token_pos : torch.Tensor
-        ``[num_prefill_tokens]`` logical chunk of each token and its position in it.
-    chunk_start, chunk_len, chunk_row : torch.Tensor
-        ``[num_logical_chunks]`` first token, length, prefill row.
-    chunk_first : torch.Tensor
-        ``[num_logical_chunks]`` bool: the chunk opens its row.
-    row_last_chunk : torch.Tensor
-        ``[num_prefills]`` logical chunk holding the row's last token.
-    phys_last_chunk : torch.Tensor
-        ``[num_physical_chunks]`` last logical chunk of each physical chunk.
-    final_conv_indices : torch.Tensor
-        ``[num_prefills, K-1]`` extended-input indices of each row's final conv window.
-    token_conv_indices : torch.Tensor
-        ``[num_prefill_tokens, K]`` extended-input indices of each token's conv window.
-    track : TrackPlan
-    """
-
-    metadata: Mamba2Metadata
-    num_prefills: int
-    num_decodes: int
-    num_prefill_tokens: int
-    num_logical_chunks: int
-    num_physical_chunks: int
-    chunk_size: int
-    conv_kernel: int
-    track_interval: int | None
-    extend_lens: tuple[int, ...]
-    prefix_lens: tuple[int, ...]
-    query_start_loc_cpu: tuple[int, ...]
-    slots: torch.Tensor
-    has_initial_states: torch.Tensor
-    token_chunk: torch.Tensor
-    token_pos: torch.Tensor
-    chunk_start: torch.Tensor
-    chunk_len: torch.Tensor
-    chunk_row: torch.Tensor
-    chunk_first: torch.Tensor
-    row_last_chunk: torch.Tensor
-    phys_last_chunk: torch.Tensor
-    final_conv_indices: torch.Tensor
-    token_conv_indices: torch.Tensor
-    track: TrackPlan
+def _views(views: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    out = {k[len(_P) :]: t for k, t in views.items() if k.startswith(_P)}
+    if "slots" not in out:
+        raise ValueError(
+            "MixedHostPlan: views must hold the staged MixedHostPlan.arrays (keys "
+            f"'{_P}<name>'); got {sorted(views)[:4]}"
+        )
+    return out
 
 
 def _check_host(name: str, value: torch.Tensor) -> None:
@@ -194,7 +209,7 @@ def _check_config(chunk_size: int, track_interval: int | None, conv_kernel: int)
         raise ValueError(
             f"plan_mixed_batch: track_interval ({track_interval}) must be a positive multiple "
             f"of the SSM chunk_size ({chunk_size}); a cache chunk that is not a whole number of "
-            "state-grid chunks cannot index the grid (REFERENCE.md §2 class C)"
+            "state-grid chunks cannot index the grid (docs/background.md, index-grid confusion)"
         )
 
 
@@ -277,7 +292,7 @@ def _ext_index(q: IntArray, row: IntArray, row_start: IntArray, total: int, k1: 
     return np.where(before, total + row * k1 + init_col, q)
 
 
-def plan_mixed_batch(
+def plan_host(
     *,
     extend_lens: IntLike,
     prefix_lens: IntLike,
@@ -288,9 +303,8 @@ def plan_mixed_batch(
     track_interval: int | None = None,
     track_mask: BoolLike | None = None,
     track_slots: IntLike | None = None,
-    device: torch.device | str = "cpu",
-) -> PrefillPlan:
-    """Plan one mixed forward from host data.
+) -> MixedHostPlan:
+    """Plan one mixed forward from host data (no device work).
 
     Parameters
     ----------
@@ -312,16 +326,15 @@ def plan_mixed_batch(
         Track every this many tokens; a positive multiple of ``chunk_size``. Required when
         ``track_mask`` is given.
     track_mask : sequence of bool or CPU tensor, optional
-        ``[bs]`` rows whose state is saved into their track slot.
+        ``[bs]`` rows that track: each saves its last boundary reached this step into its
+        track slot.
     track_slots : sequence of int or CPU tensor, optional
         ``[bs]`` track slot of each row (ignored where ``track_mask`` is False); must not be a
         working slot of this batch.
-    device : torch.device or str
-        Where the device-side plan lives.
 
     Returns
     -------
-    PrefillPlan
+    MixedHostPlan
 
     Raises
     ------
@@ -347,7 +360,6 @@ def plan_mixed_batch(
         tmask = _host_bools("track_mask", track_mask)
         tslots = _host_ints("track_slots", track_slots)
         _check_track(tmask, tslots, slt)
-    dev = torch.device(device)
     n_pre = n_rows - num_decodes
     k1 = conv_kernel - 1
     L = chunk_size
@@ -357,7 +369,7 @@ def plan_mixed_batch(
     total = int(qsl[n_pre])  # flattened prefill tokens
 
     # Logical chunks: a new one at every physical chunk start and every row start (the
-    # rule of hybridmeta.chunks, which prepare_mixed applies to the metadata too).
+    # rule of hybridmeta.chunks).
     ind, off = chunk_indices_offsets(torch.from_numpy(qsl[: n_pre + 1]), L)
     starts = (ind * L + off).numpy()
     n_logical = starts.shape[0]
@@ -391,112 +403,88 @@ def plan_mixed_batch(
     g = qsl[:-1] + k  # flattened position after the boundary token
     on_grid = mid & (g % L == 0)
     off_grid = mid & ~on_grid
-    final_rows = np.flatnonzero(is_final)
     h_rows = np.flatnonzero(on_grid)
     rc_rows = np.flatnonzero(off_grid)
-    h_src = g[h_rows] // L - 1
-    h_logical = phys_last_chunk[h_src]
+    h_chunk = phys_last_chunk[g[h_rows] // L - 1]
     rc_g = g[rc_rows]
     rc_chunk = np.searchsorted(starts, rc_g - 1, side="right") - 1
     rc_len = rc_g - starts[rc_chunk]
     mid_rows = np.concatenate([h_rows, rc_rows])
     q_mid = g[mid_rows][:, None] - k1 + np.arange(k1, dtype=np.int64)[None, :]
-    conv_mid = _ext_index(q_mid, mid_rows[:, None], qsl[mid_rows][:, None], total, k1)
+    mid_conv = _ext_index(q_mid, mid_rows[:, None], qsl[mid_rows][:, None], total, k1)
 
-    # One packed host buffer, one non-blocking copy; the plan tensors are views of it.
-    parts: list[tuple[str, IntArray]] = [
-        ("slots", slt[:n_pre]),
-        ("has_init", (pre[:n_pre] > 0).astype(np.int64)),
-        ("token_chunk", token_chunk),
-        ("token_pos", token_pos),
-        ("chunk_start", starts),
-        ("chunk_len", ends - starts),
-        ("chunk_row", chunk_row),
-        ("chunk_first", chunk_first),
-        ("row_last_chunk", row_last_chunk),
-        ("phys_last_chunk", phys_last_chunk),
-        ("final_conv", final_conv.reshape(-1)),
-        ("token_conv", token_conv.reshape(-1)),
-        ("final_src", slt[final_rows]),
-        ("final_dst", tslots[final_rows]),
-        ("h_src", h_src),
-        ("h_dst", tslots[h_rows]),
-        ("h_logical", h_logical),
-        ("rc_chunk", rc_chunk),
-        ("rc_len", rc_len),
-        ("rc_dst", tslots[rc_rows]),
-        ("conv_mid", conv_mid.reshape(-1)),
-        ("conv_dst", tslots[mid_rows]),
-        ("qsl", qsl),
-        ("all_slots", slt),
-        ("track_slots", np.where(tmask, tslots, -1)),
-        ("track_mask", tmask.astype(np.int64)),
-    ]
-    views = to_device_packed(dict(parts), dev)
-
-    has_track = bool(tmask.any())
-    fwd = ForwardMetadata(
-        query_start_loc=views["qsl"],
-        mamba_cache_indices=views["all_slots"],
-        mamba_track_indices=views["track_slots"] if track_mask is not None else None,
-        mamba_track_mask=(views["track_mask"] != 0) if track_mask is not None else None,
-        has_mamba_track_mask=has_track,
-        # ForwardMetadata declares it 1-D: the [n_mid, K-1] plan, flattened.
-        track_conv_indices=views["conv_mid"],
-        track_ssm_h_src=views["h_src"],
-        track_ssm_h_dst=views["h_dst"],
-        track_ssm_final_src=views["final_src"],
-        track_ssm_final_dst=views["final_dst"],
-    )
+    parts: dict[str, IntArray] = {
+        "query_start_loc": qsl,
+        "slots": slt,
+        "track_slots": np.where(saves, tslots, -1),
+        "track_mask": is_final.astype(np.int64),
+    }
     if n_pre:
-        md = prepare_mixed(
-            fwd,
-            extend_seq_lens_cpu=[int(v) for v in ext[:n_pre]],
-            extend_prefix_lens_cpu=[int(v) for v in pre[:n_pre]],
-            chunk_size=L,
+        parts.update(
+            {
+                "has_init": (pre[:n_pre] > 0).astype(np.int64),
+                "chunk_start": starts,
+                "chunk_len": ends - starts,
+                "chunk_row": chunk_row,
+                "chunk_first": chunk_first,
+                "token_chunk": token_chunk,
+                "token_pos": token_pos,
+                "row_last_chunk": row_last_chunk,
+                "phys_last_chunk": phys_last_chunk,
+                "token_conv": token_conv.reshape(-1),
+                "final_conv": final_conv.reshape(-1),
+                "h_rows": h_rows,
+                "h_chunk": h_chunk,
+                "rc_rows": rc_rows,
+                "rc_chunk": rc_chunk,
+                "rc_len": rc_len,
+                "mid_conv": mid_conv.reshape(-1),
+            }
         )
-    else:
-        md = prepare_decode(fwd)
-
-    track = TrackPlan(
-        final_src=views["final_src"],
-        final_dst=views["final_dst"],
-        h_src=views["h_src"],
-        h_dst=views["h_dst"],
-        h_logical=views["h_logical"],
-        recompute_chunk=views["rc_chunk"],
-        recompute_len=views["rc_len"],
-        recompute_dst=views["rc_dst"],
-        conv_indices=views["conv_mid"].view(-1, k1),
-        conv_dst=views["conv_dst"],
-        final_rows=tuple(int(r) for r in final_rows),
-        h_rows=tuple(int(r) for r in h_rows),
-        recompute_rows=tuple(int(r) for r in rc_rows),
-    )
-    return PrefillPlan(
-        metadata=md,
+    return MixedHostPlan(
+        arrays={_P + name: a for name, a in parts.items()},
         num_prefills=n_pre,
         num_decodes=num_decodes,
         num_prefill_tokens=total,
-        num_logical_chunks=n_logical,
-        num_physical_chunks=n_phys,
         chunk_size=L,
         conv_kernel=conv_kernel,
-        track_interval=track_interval,
+        track=track_mask is not None,
+        any_final_save=bool(is_final.any()),
+        query_start_loc_cpu=tuple(int(v) for v in qsl),
         extend_lens=tuple(int(v) for v in ext),
         prefix_lens=tuple(int(v) for v in pre),
-        query_start_loc_cpu=tuple(int(v) for v in qsl),
-        slots=views["slots"],
-        has_initial_states=views["has_init"] != 0,
-        token_chunk=views["token_chunk"],
-        token_pos=views["token_pos"],
-        chunk_start=views["chunk_start"],
-        chunk_len=views["chunk_len"],
-        chunk_row=views["chunk_row"],
-        chunk_first=views["chunk_first"] != 0,
-        row_last_chunk=views["row_last_chunk"],
-        phys_last_chunk=views["phys_last_chunk"],
-        final_conv_indices=views["final_conv"].view(n_pre, k1),
-        token_conv_indices=views["token_conv"].view(total, conv_kernel),
-        track=track,
+        final_rows=tuple(int(r) for r in np.flatnonzero(is_final)),
+        h_rows=tuple(int(r) for r in h_rows),
+        recompute_rows=tuple(int(r) for r in rc_rows),
     )
+
+
+def plan_mixed_batch(
+    *,
+    extend_lens: IntLike,
+    prefix_lens: IntLike,
+    slots: IntLike,
+    num_decodes: int,
+    chunk_size: int,
+    conv_kernel: int,
+    track_interval: int | None = None,
+    track_mask: BoolLike | None = None,
+    track_slots: IntLike | None = None,
+    device: torch.device | str = "cpu",
+) -> Mamba2Metadata:
+    """:func:`plan_host`, then one staged copy to ``device``: the forward's metadata.
+
+    Parameters are those of :func:`plan_host`, plus the ``device`` of the metadata.
+    """
+    hp = plan_host(
+        extend_lens=extend_lens,
+        prefix_lens=prefix_lens,
+        slots=slots,
+        num_decodes=num_decodes,
+        chunk_size=chunk_size,
+        conv_kernel=conv_kernel,
+        track_interval=track_interval,
+        track_mask=track_mask,
+        track_slots=track_slots,
+    )
+    return hp.metadata(to_device_packed(hp.arrays, torch.device(device)))

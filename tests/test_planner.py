@@ -7,10 +7,12 @@ from typing import Any
 import pytest
 import torch
 
-from hybridmeta.prefill import plan_mixed_batch
+from hybridmeta import Mamba2Metadata, debug_mode
+from hybridmeta.planner import MixedHostPlan, plan_host, plan_mixed_batch
+from hybridmeta.staging import to_device_packed
 
 
-def _plan(**over: Any) -> Any:
+def _plan(**over: Any) -> Mamba2Metadata:
     kw: dict[str, Any] = {
         "extend_lens": [5, 5],
         "prefix_lens": [0, 0],
@@ -23,22 +25,36 @@ def _plan(**over: Any) -> Any:
     return plan_mixed_batch(**kw)
 
 
-def test_reference_example_logical_chunks() -> None:
-    # REFERENCE.md §3: query_start_loc=[0,5,10], chunk=8 -> indices [0,0,1], offsets [0,5,0]
-    plan = _plan()
-    mixed = plan.metadata.mixed
+def _host(**over: Any) -> MixedHostPlan:
+    kw: dict[str, Any] = {
+        "extend_lens": [5, 5],
+        "prefix_lens": [0, 0],
+        "slots": [0, 1],
+        "num_decodes": 0,
+        "chunk_size": 8,
+        "conv_kernel": 4,
+    }
+    kw.update(over)
+    return plan_host(**kw)
+
+
+def test_worked_example_logical_chunks() -> None:
+    # query_start_loc=[0,5,10], chunk=8: logical chunks start at 0, 5 (row 1) and 8
+    md = _plan()
+    mixed = md.mixed
     assert mixed is not None
-    assert mixed.chunk_indices.tolist() == [0, 0, 1]
-    assert mixed.chunk_offsets.tolist() == [0, 5, 0]
-    assert plan.chunk_start.tolist() == [0, 5, 8]
-    assert plan.chunk_len.tolist() == [5, 3, 2]
-    assert plan.chunk_row.tolist() == [0, 1, 1]
-    assert plan.chunk_first.tolist() == [True, True, False]
-    assert plan.row_last_chunk.tolist() == [0, 2]
-    assert plan.phys_last_chunk.tolist() == [1, 2]
-    assert mixed.seq_idx.tolist() == [0] * 5 + [1] * 5
+    ch = mixed.chunks
+    assert ch.start.tolist() == [0, 5, 8]
+    assert ch.length.tolist() == [5, 3, 2]
+    assert ch.row.tolist() == [0, 1, 1]
+    assert ch.first.tolist() == [True, True, False]
+    assert ch.row_last_chunk.tolist() == [0, 2]
+    assert ch.phys_last_chunk.tolist() == [1, 2]
+    assert ch.token_chunk.tolist() == [0] * 5 + [1] * 3 + [2] * 2
+    assert ch.token_pos.tolist() == [0, 1, 2, 3, 4, 0, 1, 2, 0, 1]
     assert mixed.has_initial_states.tolist() == [False, False]
-    assert mixed.prep_initial_states is False
+    assert md.query_start_loc.tolist() == [0, 5, 10]
+    assert md.mamba_track_mask is None and md.has_mamba_track_mask is False
 
 
 def test_track_kinds_worked_example() -> None:
@@ -46,53 +62,88 @@ def test_track_kinds_worked_example() -> None:
     # off grid. Row 1: tokens 5..8 (prefix 1): boundary abs 4 -> k=3, g=8: on grid, h[1].
     # Row 2: tokens 9..11 (prefix 5): boundary abs 8 ends the row -> final.
     # Row 3 (decode, prefix 7): 7+1 = 8 -> final. Row 4 (decode, prefix 8): no boundary.
-    plan = _plan(
-        extend_lens=[5, 4, 3, 1, 1],
-        prefix_lens=[2, 1, 5, 7, 8],
-        slots=[0, 1, 2, 3, 4],
-        num_decodes=2,
-        chunk_size=4,
-        track_interval=4,
-        track_mask=[True, True, True, True, True],
-        track_slots=[10, 11, 12, 13, 14],
-    )
-    tr = plan.track
-    assert tr.recompute_rows == (0,)
+    kw: dict[str, Any] = {
+        "extend_lens": [5, 4, 3, 1, 1],
+        "prefix_lens": [2, 1, 5, 7, 8],
+        "slots": [0, 1, 2, 3, 4],
+        "num_decodes": 2,
+        "chunk_size": 4,
+        "track_interval": 4,
+        "track_mask": [True, True, True, True, True],
+        "track_slots": [10, 11, 12, 13, 14],
+    }
+    hp = _host(**kw)
+    assert (hp.final_rows, hp.h_rows, hp.recompute_rows) == ((2, 3), (1,), (0,))
+    md = _plan(**kw)
+    assert md.mixed is not None
+    tr = md.mixed.track
+    assert tr.recompute_rows.tolist() == [0]
     assert tr.recompute_chunk.tolist() == [0]  # token 1 is in logical chunk 0 (tokens 0..3)
     assert tr.recompute_len.tolist() == [2]
-    assert tr.recompute_dst.tolist() == [10]
-    assert tr.h_rows == (1,)
-    assert tr.h_src.tolist() == [1]
-    assert tr.h_dst.tolist() == [11]
-    assert tr.final_rows == (2, 3)
-    assert tr.final_src.tolist() == [2, 3]
-    assert tr.final_dst.tolist() == [12, 13]
+    assert tr.h_rows.tolist() == [1]
+    # physical chunk 1 (tokens 4..7) ends in logical chunk 2 (row 1's tokens 5..7)
+    assert tr.h_chunk.tolist() == [2]
     # conv windows (K-1 = 3) before g, h entries first: row 1 (g=8): tokens 5, 6, 7;
     # row 0 (g=2): init column 2 of row 0 (extended index T + r*3 + c, T = 12), tokens 0, 1.
-    assert tr.conv_indices.tolist() == [[5, 6, 7], [12 + 0 + 2, 0, 1]]
-    assert tr.conv_dst.tolist() == [11, 10]
-    md = plan.metadata
+    assert tr.windows.tolist() == [[5, 6, 7], [12 + 0 + 2, 0, 1]]
+    # rows that save: their track slot; the final saves are flagged in the mask
+    assert md.mamba_track_indices is not None and md.mamba_track_mask is not None
+    assert md.mamba_track_indices.tolist() == [10, 11, 12, 13, -1]
+    assert md.mamba_track_mask.tolist() == [False, False, True, True, False]
     assert md.has_mamba_track_mask is True
-    assert md.track_ssm_final_src is not None
-    assert md.track_ssm_final_src.tolist() == [2, 3]
 
 
-def test_decode_only_batch_uses_prepare_decode() -> None:
-    plan = _plan(extend_lens=[1, 1], prefix_lens=[3, 9], num_decodes=2)
-    assert plan.metadata.mixed is None
-    assert plan.metadata.num_decodes == 2
-    assert plan.num_prefill_tokens == 0
-    assert plan.num_logical_chunks == 0
+def test_decode_only_batch_is_decode_metadata() -> None:
+    md = _plan(extend_lens=[1, 1], prefix_lens=[3, 9], num_decodes=2)
+    assert md.mixed is None
+    assert (md.num_prefills, md.num_decodes, md.num_prefill_tokens) == (0, 2, 0)
+
+
+def test_one_staged_copy_with_the_callers_arrays() -> None:
+    hp = _host()
+    views = to_device_packed({**hp.arrays, "mine": torch.arange(3)}, torch.device("cpu"))
+    md = hp.metadata(views)
+    # every tensor of the metadata is a view of the one staged buffer
+    base = views["mine"].untyped_storage().data_ptr()
+    assert md.mamba_cache_indices.untyped_storage().data_ptr() == base
+    assert md.mixed is not None
+    assert md.mixed.chunks.start.untyped_storage().data_ptr() == base
+    assert md.mixed.conv.token_windows.untyped_storage().data_ptr() == base
+    with pytest.raises(ValueError, match=r"views must hold the staged MixedHostPlan\.arrays"):
+        hp.metadata({"mine": views["mine"]})
+
+
+def test_engine_fields_pass_through_the_constructor() -> None:
+    hp = _host()
+    views = to_device_packed(hp.arrays, torch.device("cpu"))
+    extra = torch.tensor([1])
+    md = hp.metadata(views, conv_states_mask_indices=extra)
+    assert md.conv_states_mask_indices is extra
 
 
 def test_accepts_cpu_tensors() -> None:
-    plan = _plan(
+    md = _plan(
         extend_lens=torch.tensor([5, 5]),
         prefix_lens=torch.tensor([0, 3], dtype=torch.int32),
         slots=torch.tensor([4, 2]),
     )
-    assert plan.metadata.mamba_cache_indices.tolist() == [4, 2]
-    assert plan.has_initial_states.tolist() == [False, True]
+    assert md.mamba_cache_indices.tolist() == [4, 2]
+    assert md.mixed is not None
+    assert md.mixed.has_initial_states.tolist() == [False, True]
+
+
+def test_planned_metadata_passes_the_debug_checks() -> None:
+    with debug_mode():
+        _plan(
+            extend_lens=[5, 4, 1],
+            prefix_lens=[2, 1, 7],
+            slots=[0, 1, 3],
+            num_decodes=1,
+            chunk_size=4,
+            track_interval=4,
+            track_mask=[True, True, True],
+            track_slots=[10, 11, 13],
+        )
 
 
 @pytest.mark.parametrize(

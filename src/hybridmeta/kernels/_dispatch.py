@@ -1,0 +1,99 @@
+"""How an op call picks its implementation and how a Triton launch is issued.
+
+The implementation (the Triton kernel or the op's pure-torch reference) is a property of
+the op call: the ``impl`` keyword of every public op, defaulting to the innermost
+:func:`implementation` context, else ``"auto"``: Triton on a CUDA device, the reference
+elsewhere (on the CPU Triton would only run interpreted). Nothing else in the library
+(scheduler, prefix cache, runtime) knows or branches on it.
+
+A Triton launch goes through its ``torch.library`` custom op whenever the dispatcher is
+observed (:func:`observed`), so a ``TorchDispatchMode`` (the CPU CUDA-graph emulation,
+fake tensors) sees each launch as one op with its mutated arguments declared; otherwise
+the launcher is called directly (the custom op only adds host time).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+from collections.abc import Iterator
+from typing import Literal
+
+import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+__all__ = ["ALWAYS_DISPATCH", "Impl", "implementation", "observed", "on_device", "resolve"]
+
+#: ``"auto"``: Triton on CUDA, the reference elsewhere.
+Impl = Literal["auto", "triton", "reference"]
+_DEFAULT: contextvars.ContextVar[Impl] = contextvars.ContextVar("hybridmeta_impl", default="auto")
+
+#: Force every Triton launch through the torch dispatcher (tests compare the two paths).
+ALWAYS_DISPATCH = False
+
+
+@contextlib.contextmanager
+def implementation(impl: Impl) -> Iterator[None]:
+    """Make ``impl`` the default of every op call inside the block (thread- and task-local).
+
+    Example: run the runtime's decode through the Triton kernels on the CPU interpreter::
+
+        with hybridmeta.kernels.implementation("triton"):
+            ...
+    """
+    if impl not in ("auto", "triton", "reference"):
+        raise ValueError(f"implementation: impl must be 'auto', 'triton' or 'reference', got {impl!r}")
+    token = _DEFAULT.set(impl)
+    try:
+        yield
+    finally:
+        _DEFAULT.reset(token)
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "") not in ("", "0")
+
+
+def resolve(op: str, impl: Impl | None, device: torch.device) -> Literal["triton", "reference"]:
+    """The implementation an op call runs on tensors of ``device``."""
+    choice = impl if impl is not None else _DEFAULT.get()
+    if choice == "auto":
+        return "triton" if device.type == "cuda" else "reference"
+    if choice == "triton":
+        if device.type != "cuda" and not _interpreting():
+            raise ValueError(
+                f"{op}: impl='triton' on {device} tensors needs the Triton interpreter "
+                "(TRITON_INTERPRET=1 before hybridmeta is imported); use impl='reference'"
+            )
+        return "triton"
+    if choice == "reference":
+        return "reference"
+    raise ValueError(f"{op}: impl must be 'auto', 'triton' or 'reference', got {choice!r}")
+
+
+def observed(t: torch.Tensor) -> bool:
+    """Whether a launch must go through its ``torch.library`` op.
+
+    It must whenever something could watch or transform it: an active ``TorchDispatchMode``
+    (graph recording, fake tensors), ``torch.compile`` tracing, or a tensor subclass. With
+    none of those the op would only add dispatcher overhead (tens of microseconds of host
+    time per call), so the kernel is launched directly; the launch is the same either way.
+    """
+    return (
+        ALWAYS_DISPATCH
+        or type(t) is not torch.Tensor
+        or _get_current_dispatch_mode() is not None
+        or torch.compiler.is_compiling()
+    )
+
+
+def on_device(device: torch.device) -> contextlib.AbstractContextManager[object]:
+    """Triton launches on the current CUDA device: make it the tensors' device."""
+    if (
+        device.type == "cuda"
+        and device.index is not None
+        and device.index != torch.cuda.current_device()
+    ):
+        return torch.cuda.device(device)
+    return contextlib.nullcontext()
