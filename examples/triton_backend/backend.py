@@ -7,9 +7,14 @@ from collections.abc import Mapping
 import torch
 
 from hybridmeta.graphs import InputSpec, StaticBuffers
-from hybridmeta.kernels import causal_conv1d_update_from_metadata, ssm_state_update_from_metadata
-from hybridmeta.kernels.reference import causal_conv1d_update_ref, ssm_state_update_ref
-from hybridmeta.model import ForwardMetadata, Mamba2Metadata
+from hybridmeta.kernels import (
+    Impl,
+    causal_conv1d_update_from_metadata,
+    causal_conv1d_update_reference,
+    ssm_state_update_from_metadata,
+    ssm_state_update_reference,
+)
+from hybridmeta.model import ForwardMetadata, Mamba2Metadata, prepare_decode
 from hybridmeta.testing import Batch, GraphedDecodeBackend, Reference
 
 
@@ -21,6 +26,8 @@ class KernelBackend(GraphedDecodeBackend):
     stale_tail : bool
         Reproduce seed defect 1 on the kernels: hand the SSM kernel's track write the last
         ``bucket`` rows of the whole ``max_bs`` track buffer.
+    impl : {"triton", "reference", "auto"}
+        The ops' implementation: the Triton kernels by default (interpreted on the CPU).
     """
 
     tolerance = (3e-4, 1e-3)  # fp32 kernel vs reference (exp / reductions round differently)
@@ -37,6 +44,7 @@ class KernelBackend(GraphedDecodeBackend):
         device: torch.device | str = "cpu",
         seed: int = 0,
         stale_tail: bool = False,
+        impl: Impl = "triton",
     ) -> None:
         gen = torch.Generator().manual_seed(seed)
         dev = torch.device(device)
@@ -44,6 +52,7 @@ class KernelBackend(GraphedDecodeBackend):
         self.heads, self.headdim, self.dstate = heads, headdim, dstate
         self.conv_dim = heads * headdim
         self.stale_tail = stale_tail
+        self.impl: Impl = impl
 
         def rnd(*shape: int) -> torch.Tensor:
             return torch.randn(*shape, generator=gen).to(dev)
@@ -58,6 +67,7 @@ class KernelBackend(GraphedDecodeBackend):
             max_bs=max_bs,
             num_slots=num_slots,
             device=dev,
+            optional_fields=("mamba_track_indices", "mamba_track_mask"),
             inputs={
                 "x": InputSpec((self.conv_dim,), f32),
                 "dt": InputSpec((heads,), f32),
@@ -95,13 +105,13 @@ class KernelBackend(GraphedDecodeBackend):
             whole = torch.as_strided(md.mamba_track_indices, (self.max_bs,), (1,))
             kept = {f: getattr(md, f) for f in _FWD_FIELDS}
             fwd = ForwardMetadata(**kept, mamba_track_indices=whole[-bucket:])
-            md = Mamba2Metadata.evolve_from(
-                fwd, num_prefills=0, num_prefill_tokens=0, num_decodes=bucket, mixed=None
-            )
-        xc = causal_conv1d_update_from_metadata(md, ins["x"], self.conv, self.weight)  # [B, C]
+            md = prepare_decode(fwd)
+        xc = causal_conv1d_update_from_metadata(
+            md, ins["x"], self.conv, self.weight, impl=self.impl
+        )  # [B, C]
         y = ssm_state_update_from_metadata(
             md, self.ssm, xc.view(bucket, self.heads, self.headdim), ins["dt"], self.A,
-            ins["B"], ins["C"], D=self.D,
+            ins["B"], ins["C"], D=self.D, fuse_track=True, impl=self.impl,
         )  # fmt: skip
         return {"y": y}  # [B, H, P]
 
@@ -119,13 +129,17 @@ class KernelBackend(GraphedDecodeBackend):
     def reference(
         self, pools: Mapping[str, torch.Tensor], batch: Batch, inputs: Mapping[str, torch.Tensor]
     ) -> Reference:
+        # The op references work in place on the copies of the pools the harness passes.
         slots = torch.tensor(batch.slots)
-        conv, xc = causal_conv1d_update_ref(
-            inputs["x"], pools["conv"].cpu(), self.weight.cpu(), None, slots, silu=True
+        conv, ssm = pools["conv"].cpu(), pools["ssm"].cpu()
+        xc = torch.empty_like(inputs["x"])
+        causal_conv1d_update_reference(
+            inputs["x"], conv, self.weight.cpu(), None, xc, slots, silu=True
         )
-        ssm, y = ssm_state_update_ref(
-            pools["ssm"].cpu(), xc.view(batch.bs, self.heads, self.headdim), inputs["dt"],
-            self.A.cpu(), inputs["B"], inputs["C"], slots, D=self.D.cpu(),
+        y = torch.empty(batch.bs, self.heads, self.headdim)
+        ssm_state_update_reference(
+            ssm, xc.view(batch.bs, self.heads, self.headdim), inputs["dt"], self.A.cpu(),
+            inputs["B"], inputs["C"], y, slots, D=self.D.cpu(),
             track_indices=torch.tensor(batch.track_slots), track_mask=torch.tensor(batch.track_mask),
         )  # fmt: skip
         return Reference(pools={"conv": conv, "ssm": ssm}, outputs={"y": y})

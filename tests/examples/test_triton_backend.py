@@ -21,6 +21,18 @@ def test_kernels_pass_the_replay_harness_on_the_emulation() -> None:
 
 
 @pytest.mark.interpreter
+def test_the_captured_graph_replays_the_triton_ops() -> None:
+    from hybridmeta.testing.replay import _ReplayBase, replay_machine
+
+    machine = replay_machine(KernelBackend)()
+    assert isinstance(machine, _ReplayBase)
+    machine.capture()
+    ops = [str(op.func) for op in machine._graphs[1]._ops]  # type: ignore[attr-defined]
+    assert any("hybridmeta.ssm_state_update" in o for o in ops), ops
+    assert any("hybridmeta.causal_conv1d_update" in o for o in ops), ops
+
+
+@pytest.mark.interpreter
 def test_stale_tail_on_the_kernels_is_found_on_the_emulation() -> None:
     # Find it, do not shrink it (shrinking re-runs interpreted kernels many times).
     find = settings(_cpu_settings(30), phases=(Phase.generate,), database=None)

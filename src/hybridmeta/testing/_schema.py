@@ -8,23 +8,29 @@ declarations change, this module is the only one to adapt.
 Attributes read here (and nowhere else in the package):
 
 * ``FieldSpec.name``, ``.is_tensor``, ``.optional``, ``.ndim``, ``.dtypes``;
-* ``FieldSpec.rows``: a string ``"batch"``, ``"batch+1"``, ``"tokens"``, ... (symbol and an
-  optional ``+k`` offset), or ``None`` (free length);
+* ``FieldSpec.rows``: a :class:`hybridmeta.core.Rows` (``.dim.name``, ``.offset``) or
+  ``None`` (free length);
+* ``FieldSpec.cols``: the name of the int host field giving dimension 1, or ``None``;
 * ``FieldSpec.pad``: compared with ``Pad.CUMULATIVE``, else its ``.value``;
-* ``FieldSpec.cols`` if a future core declares it (the name of the int field giving
-  dimension 1, e.g. ``"draft_token_num"``, or an int); absent today;
+* ``FieldSpec.role`` (its ``.value`` and ``.is_slot``), ``.default`` (``attrs.NOTHING``:
+  none), ``.governs`` and ``.required_when_set``;
 * ``hybridmeta.core.fields_of``, ``source_of``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
+import attrs
 import torch
 
 from hybridmeta.core import BOOL, INDEX, Pad, fields_of, source_of
 
-__all__ = ["FieldInfo", "Rows", "derivation", "fields", "is_metadata_class"]
+#: ``FieldInfo.default`` of a field that declares none.
+NO_DEFAULT: Final = object()
+
+__all__ = ["NO_DEFAULT", "FieldInfo", "Rows", "derivation", "fields", "is_metadata_class"]
 
 
 @dataclass(frozen=True)
@@ -63,6 +69,18 @@ class FieldInfo:
     cols : str, int or None
         What gives dimension 1 of a 2-D field: the name of an int field, a constant, or
         ``None`` when the declaration does not say.
+    role : str
+        The declared role (``"working_slot"``, ``"track_slot"``, ``"track_mask"``,
+        ``"slot"``, ``"data"``, ...).
+    slot_role : bool
+        The role says the field holds state-pool slot ids.
+    default : object
+        The declared default, :data:`NO_DEFAULT` when there is none.
+    governs : tuple of str
+        For a host flag: the optional tensor fields it governs (given together or not at
+        all).
+    required_when_set : bool
+        For a governing flag: ``True`` requires the governed fields.
     """
 
     name: str
@@ -74,6 +92,11 @@ class FieldInfo:
     pad_value: int | float | bool | None
     cumulative: bool
     cols: str | int | None
+    role: str = "data"
+    slot_role: bool = False
+    default: object = NO_DEFAULT
+    governs: tuple[str, ...] = ()
+    required_when_set: bool = False
 
     @property
     def per_row(self) -> bool:
@@ -82,8 +105,8 @@ class FieldInfo:
 
     @property
     def is_slot(self) -> bool:
-        """Holds state-pool slot ids (an index field padded with ``-1``)."""
-        return self.is_index and self.pad_value == -1 and not self.cumulative
+        """Holds state-pool slot ids (by role, or an index field padded with ``-1``)."""
+        return self.slot_role or (self.is_index and self.pad_value == -1 and not self.cumulative)
 
     @property
     def is_index(self) -> bool:
@@ -94,11 +117,6 @@ class FieldInfo:
         return self.dtypes is not None and all(d in BOOL for d in self.dtypes)
 
 
-def _rows(text: str | None) -> Rows | None:
-    if text is None:
-        return None
-    sym, _, plus = text.partition("+")
-    return Rows(sym, int(plus) if plus else 0)
 
 
 def is_metadata_class(cls: type) -> bool:
@@ -116,18 +134,23 @@ def fields(cls: type) -> tuple[FieldInfo, ...]:
     for spec in fields_of(cls):
         pad = spec.pad
         cumulative = pad is not None and pad == Pad.CUMULATIVE
-        cols = getattr(spec, "cols", None)
+        rows = spec.rows
         out.append(
             FieldInfo(
                 name=spec.name,
                 is_tensor=spec.is_tensor,
                 optional=spec.optional,
-                rows=_rows(spec.rows),
+                rows=None if rows is None else Rows(rows.dim.name, rows.offset),
                 dtypes=spec.dtypes,
                 ndim=spec.ndim,
                 pad_value=None if pad is None or cumulative else pad.value,
                 cumulative=cumulative,
-                cols=cols if isinstance(cols, (str, int)) else None,
+                cols=spec.cols,
+                role=spec.role.value,
+                slot_role=spec.role.is_slot,
+                default=NO_DEFAULT if spec.default is attrs.NOTHING else spec.default,
+                governs=tuple(spec.governs),
+                required_when_set=spec.required_when_set,
             )
         )
     return tuple(out)

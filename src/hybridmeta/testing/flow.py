@@ -63,6 +63,13 @@ def class_fields(cls: type) -> tuple[ClassField, ...]:
         hints: dict[str, Any] = typing.get_type_hints(cls)
     except Exception:  # unresolvable forward references
         hints = {}
+    if _schema.is_metadata_class(cls):
+        # The declared defaults (attrs holds a placeholder for governing flags).
+        return tuple(
+            ClassField(f.name, _NO_DEFAULT if f.default is _schema.NO_DEFAULT else f.default,
+                       hints.get(f.name))
+            for f in _schema.fields(cls)
+        )  # fmt: skip
     if attrs.has(cls):
         out = []
         for a in attrs.fields(cls):

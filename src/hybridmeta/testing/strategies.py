@@ -489,6 +489,20 @@ def _draw_fields(
             return None
         return v if isinstance(v, st.SearchStrategy) else v({**drawn, **kwargs})
 
+    # Governed optional fields are present or absent together (decided with their flag).
+    group_present: dict[str, bool] = {}
+
+    def decide_group(flag: _schema.FieldInfo, value: object) -> None:
+        if not flag.governs:
+            return
+        if value and flag.required_when_set:
+            present = True
+        elif presence == "each":
+            present = draw(st.booleans(), label=f"{flag.name} governs")
+        else:
+            present = presence == "all"
+        group_present.update(dict.fromkeys(flag.governs, present))
+
     # Non-tensor fields first: a 2-D tensor's width may name one of them.
     ordered = sorted(names, key=lambda n: infos[n].is_tensor)
     for name in ordered:
@@ -496,6 +510,7 @@ def _draw_fields(
         forced = value_of(name)
         if forced is not None:
             kwargs[name] = draw(forced, label=name)
+            decide_group(f, kwargs[name])
             continue
         if not f.is_tensor:
             strat = _non_tensor_strategy(hints.get(name))
@@ -505,8 +520,15 @@ def _draw_fields(
                     f"(annotation {hints.get(name)!r}); pass values={{{name!r}: strategy}}"
                 )
             kwargs[name] = draw(strat, label=name)
+            decide_group(f, kwargs[name])
             continue
-        if f.optional and (presence == "none" or (presence == "each" and draw(st.booleans()))):
+        if name in group_present:
+            absent = not group_present[name]
+        else:
+            absent = f.optional and (
+                presence == "none" or (presence == "each" and draw(st.booleans()))
+            )
+        if absent:
             kwargs[name] = None
             continue
         if f.rows is None:
