@@ -32,14 +32,16 @@ CASES: dict[str, Callable[[torch.Tensor], object]] = {
     "cpu": lambda t: t.cpu(),
     "to-cpu-nonblocking": lambda t: t.to("cpu", non_blocking=True),
     "any-bool": lambda t: bool((t > 0).any()),
-    "equal": lambda t: torch.equal(t, t),
+    "equal": lambda t: torch.equal(t, t),  # identical tensors: answered from metadata
+    "equal-copy": lambda t: torch.equal(t, t + 0),
     "allclose": lambda t: torch.allclose(t, t),
     # output size depends on device values
     "nonzero": lambda t: t.nonzero(),
     "argwhere": lambda t: torch.argwhere(t),
     "where-1arg": lambda t: torch.where(t > 0),
     "mask-index": lambda t: t[t > 0],
-    "mask-assign": _bool_mask_assign,
+    "mask-assign": _bool_mask_assign,  # one value: a masked fill
+    "mask-assign-values": lambda t: t.__setitem__(t > 0, t[:4] * 2),
     "masked_select": lambda t: torch.masked_select(t, t > 0),
     "unique": lambda t: torch.unique(t),
     "unique_consecutive": lambda t: torch.unique_consecutive(t),
@@ -54,7 +56,7 @@ CASES: dict[str, Callable[[torch.Tensor], object]] = {
     "where-3arg": lambda t: torch.where(t > 0, t, 0.0),
     "index_select": lambda t: t.index_select(0, torch.zeros(2, dtype=torch.long, device=t.device)),
     "index_copy_": lambda t: t.index_copy_(
-        0, torch.zeros(1, dtype=torch.long, device=t.device), t[:1]
+        0, torch.zeros(1, dtype=torch.long, device=t.device), t[1:2] * 2
     ),
     "scatter_reduce_": lambda t: torch.full_like(t, -1.0).scatter_reduce_(
         0, torch.zeros(4, dtype=torch.long, device=t.device), t, reduce="amax"

@@ -184,10 +184,10 @@ _HOST_READS: list[tuple[str, Callable[[torch.Tensor], object]]] = [
     ("int", lambda t: int(t[0])),
     ("nonzero", lambda t: t.nonzero()),
     ("mask-index", lambda t: t[t > 0]),
-    ("mask-assign", lambda t: t.__setitem__(t > 0, 0.0)),
+    ("mask-assign-values", lambda t: t.__setitem__(t > 0, t[:4] * 2)),
     ("tolist", lambda t: t.tolist()),
     ("numpy", lambda t: t.numpy()),
-    ("equal", lambda t: torch.equal(t, t)),
+    ("equal", lambda t: torch.equal(t, t + 0)),
     ("unique", lambda t: torch.unique(t)),
     ("any-bool", lambda t: bool((t > 0).any())),
 ]

@@ -9,7 +9,10 @@ import torch
 
 from hybridmeta.kernels import (
     causal_conv1d_update_reference,
+    conv_verify_update_reference,
+    spec_commit_reference,
     ssm_state_update_reference,
+    ssm_verify_update_reference,
     track_save_reference,
 )
 
@@ -104,4 +107,50 @@ def track_save_ref(
     """The track-save reference on copies: ``(new_conv_pool, new_ssm_pool)``."""
     conv, ssm = conv_pool.clone(), ssm_pool.clone()
     track_save_reference(conv, ssm, src_indices, track_indices, track_mask)
+    return conv, ssm
+
+
+def ssm_verify_update_ref(
+    state: torch.Tensor,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    inter: torch.Tensor,
+    state_indices: torch.Tensor,
+    **kw: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The verify reference on copies: ``(new_inter, out)``."""
+    new = inter.clone()
+    out = torch.empty_like(x)
+    ssm_verify_update_reference(state, x, dt, A, B, C, out, new, state_indices, **kw)
+    return new, out
+
+
+def conv_verify_update_ref(
+    x: torch.Tensor,
+    conv_state: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    inter: torch.Tensor,
+    cache_indices: torch.Tensor,
+    **kw: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The conv verify reference on copies: ``(new_inter, out)``."""
+    new = inter.clone()
+    out = torch.empty_like(x)
+    conv_verify_update_reference(x, conv_state, weight, bias, out, new, cache_indices, **kw)
+    return new, out
+
+
+def spec_commit_ref(
+    conv_pool: torch.Tensor,
+    ssm_pool: torch.Tensor,
+    *args: Any,
+    **kw: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The commit reference on copies: ``(new_conv_pool, new_ssm_pool)``."""
+    conv, ssm = conv_pool.clone(), ssm_pool.clone()
+    spec_commit_reference(conv, ssm, *args, **kw)
     return conv, ssm

@@ -458,3 +458,29 @@ def test_direct_and_dispatched_paths_agree(monkeypatch: pytest.MonkeyPatch) -> N
         results.append((out, a["state"], co, c["conv_state"]))
     for direct, dispatched in zip(results[0], results[1], strict=True):
         assert torch.equal(bits(direct), bits(dispatched))
+
+
+def test_every_op_runs_under_fake_tensors() -> None:
+    """Each launch is a torch.library op with a fake: shape propagation (torch.compile,
+    meta analysis) runs every op without touching data."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    seen = _Recorder()
+    with FakeTensorMode(), seen:
+        a = _ssm_args()
+        _call_ssm(a)
+        c = _conv_args()
+        causal_conv1d_update(
+            c["x"], c["conv_state"], c["weight"], c["bias"], cache_indices=c["cache_indices"]
+        )
+        conv, ssm = _pools()
+        track_save(
+            conv, ssm, src_indices=torch.tensor([0, 1], device=DEVICE),
+            track_indices=torch.tensor([2, 3], device=DEVICE),
+            track_mask=torch.tensor([True, False], device=DEVICE),
+        )  # fmt: skip
+    assert [op for op in seen.ops if op.startswith("hybridmeta.")] == [
+        "hybridmeta.ssm_state_update.default",
+        "hybridmeta.causal_conv1d_update.default",
+        "hybridmeta.track_save.default",
+    ]

@@ -228,12 +228,28 @@ def _returns_host_value(func: Any) -> bool:
     return False
 
 
-def _has_bool_index(args: tuple[Any, ...]) -> bool:
-    # x[mask] and x[mask] = v run nonzero inside the kernel: a hidden sync on CUDA.
+def _has_bool_index(func: Any, args: tuple[Any, ...]) -> bool:
+    # x[mask] and x[mask] = values run nonzero inside the kernel: a hidden sync on CUDA.
+    # x[mask] = one value is a masked fill inside index_put_ (no sync): CUDA captures it.
     if len(args) < 2 or not isinstance(args[1], (list, tuple)):
         return False
+    if func is not _aten.index.Tensor and len(args) > 2:
+        values = args[2]
+        if isinstance(values, torch.Tensor) and values.numel() == 1 and len(args[1]) == 1:
+            return False
     return any(
         isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in args[1]
+    )
+
+
+def _is_self_equal(func: Any, args: tuple[Any, ...]) -> bool:
+    # torch.equal(t, t) answers from the tensors' metadata (same storage, sizes, strides)
+    # without reading a value: CUDA captures it.
+    if func is not _aten.equal.default or len(args) < 2:
+        return False
+    a, b = args[0], args[1]
+    return bool(
+        a.is_set_to(b) if a.shape == b.shape and a.stride() == b.stride() else False
     )
 
 
@@ -299,13 +315,15 @@ class _Recorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
+        if _is_self_equal(func, args):
+            return func(*args, **kwargs)  # no device work, nothing to record
         if func in _SYNCING_OPS:
             raise _sync_error(str(func))
         if func in _STORAGE_SWAP_OPS:
             raise GraphCaptureError(
                 f"{func} swaps a tensor's storage during capture; a graph fixes storage"
             )
-        if func in _BOOL_INDEX_OPS and _has_bool_index(args):
+        if func in _BOOL_INDEX_OPS and _has_bool_index(func, args):
             raise _sync_error(f"{func} with a boolean mask index")
         if func not in _HOST_METADATA_OPS and _returns_host_value(func):
             raise _sync_error(str(func))

@@ -10,8 +10,10 @@ of the caller's scheduling. Every op reads its slots and plans from the forward'
 
 Decode: :mod:`~hybridmeta.kernels.ssm_update`, :mod:`~hybridmeta.kernels.conv_update`,
 :mod:`~hybridmeta.kernels.track_save`. Prefill: :mod:`~hybridmeta.kernels.conv_prefill`,
-:mod:`~hybridmeta.kernels.ssd_scan`, :mod:`~hybridmeta.kernels.extend_track`. The shared
-math is :mod:`~hybridmeta.kernels._math`.
+:mod:`~hybridmeta.kernels.ssd_scan`, :mod:`~hybridmeta.kernels.extend_track`. Speculative
+verify: :mod:`~hybridmeta.kernels.ssm_verify`, :mod:`~hybridmeta.kernels.conv_verify`,
+:mod:`~hybridmeta.kernels.spec_commit` (``docs/spec_decode.md``). The shared math is
+:mod:`~hybridmeta.kernels._math`.
 
 On a machine without CUDA the Triton kernels run under the Triton interpreter: importing
 ``hybridmeta`` sets ``TRITON_INTERPRET=1`` (unless already set) before any kernel is
@@ -28,7 +30,9 @@ from hybridmeta.kernels.conv_update import (
     causal_conv1d_update_from_metadata,
     causal_conv1d_update_reference,
 )
+from hybridmeta.kernels.conv_verify import conv_verify_update, conv_verify_update_reference
 from hybridmeta.kernels.extend_track import extend_track_save
+from hybridmeta.kernels.spec_commit import spec_commit, spec_commit_reference, spec_track_token
 from hybridmeta.kernels.ssd_scan import (
     SSDScanOutput,
     ssd_chunked_scan,
@@ -39,6 +43,7 @@ from hybridmeta.kernels.ssm_update import (
     ssm_state_update_from_metadata,
     ssm_state_update_reference,
 )
+from hybridmeta.kernels.ssm_verify import ssm_verify_update, ssm_verify_update_reference
 from hybridmeta.kernels.track_save import (
     track_save,
     track_save_from_metadata,
@@ -54,14 +59,21 @@ __all__ = [
     "causal_conv1d_update",
     "causal_conv1d_update_from_metadata",
     "causal_conv1d_update_reference",
+    "conv_verify_update",
+    "conv_verify_update_reference",
     "extend_track_save",
     "implementation",
+    "spec_commit",
+    "spec_commit_reference",
+    "spec_track_token",
     "split_xbc",
     "ssd_chunked_scan",
     "ssd_chunked_scan_reference",
     "ssm_state_update",
     "ssm_state_update_from_metadata",
     "ssm_state_update_reference",
+    "ssm_verify_update",
+    "ssm_verify_update_reference",
     "track_save",
     "track_save_from_metadata",
     "track_save_reference",

@@ -23,7 +23,15 @@ from typing import Literal
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-__all__ = ["ALWAYS_DISPATCH", "Impl", "implementation", "observed", "on_device", "resolve"]
+__all__ = [
+    "ALWAYS_DISPATCH",
+    "Impl",
+    "implementation",
+    "no_output_fake",
+    "observed",
+    "on_device",
+    "resolve",
+]
 
 #: ``"auto"``: Triton on CUDA, the reference elsewhere.
 Impl = Literal["auto", "triton", "reference"]
@@ -97,3 +105,10 @@ def on_device(device: torch.device) -> contextlib.AbstractContextManager[object]
     ):
         return torch.cuda.device(device)
     return contextlib.nullcontext()
+
+
+def no_output_fake(*args: object, **kwargs: object) -> None:
+    """The fake (meta) implementation of every hybridmeta op: each writes its declared
+    mutated arguments in place and returns nothing, so under fake tensors there is
+    nothing to compute."""
+    return None

@@ -20,7 +20,7 @@ import triton.language as tl
 
 from hybridmeta.debug import is_debug
 from hybridmeta.kernels._config import ConvLaunchConfig, conv_launch_config
-from hybridmeta.kernels._dispatch import Impl, observed, on_device, resolve
+from hybridmeta.kernels._dispatch import Impl, no_output_fake, observed, on_device, resolve
 from hybridmeta.kernels._math import conv_step, scatter_rows_
 from hybridmeta.kernels._validate import (
     FLOAT_DTYPES,
@@ -206,18 +206,7 @@ _conv_update_op = torch.library.custom_op(
     "hybridmeta::causal_conv1d_update", _conv_update_impl, mutates_args=("conv_state", "out")
 )
 
-
-@_conv_update_op.register_fake
-def _conv_update_fake(
-    x: torch.Tensor,
-    conv_state: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    out: torch.Tensor,
-    slot_indices: torch.Tensor,
-    silu: bool,
-) -> None:
-    return None
+_conv_update_op.register_fake(no_output_fake)
 
 
 # --------------------------------------------------------------------------- reference

@@ -19,7 +19,7 @@ import triton.language as tl
 
 from hybridmeta.debug import is_debug
 from hybridmeta.kernels._config import SsmLaunchConfig, ssm_launch_config
-from hybridmeta.kernels._dispatch import Impl, observed, on_device, resolve
+from hybridmeta.kernels._dispatch import Impl, no_output_fake, observed, on_device, resolve
 from hybridmeta.kernels._math import discretize, scatter_rows_, ssm_step
 from hybridmeta.kernels._validate import (
     FLOAT_DTYPES,
@@ -296,26 +296,7 @@ _ssm_state_update_op = torch.library.custom_op(
     "hybridmeta::ssm_state_update", _ssm_state_update_impl, mutates_args=("state", "out")
 )
 
-
-@_ssm_state_update_op.register_fake
-def _ssm_state_update_fake(
-    state: torch.Tensor,
-    x: torch.Tensor,
-    dt: torch.Tensor,
-    A: torch.Tensor,
-    B: torch.Tensor,
-    C: torch.Tensor,
-    out: torch.Tensor,
-    src_indices: torch.Tensor,
-    D: torch.Tensor | None,
-    z: torch.Tensor | None,
-    dt_bias: torch.Tensor | None,
-    dt_softplus: bool,
-    dst_indices: torch.Tensor | None,
-    track_indices: torch.Tensor | None,
-    track_mask: torch.Tensor | None,
-) -> None:
-    return None
+_ssm_state_update_op.register_fake(no_output_fake)
 
 
 # --------------------------------------------------------------------------- reference

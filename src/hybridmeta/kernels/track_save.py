@@ -19,7 +19,7 @@ import triton.language as tl
 
 from hybridmeta.debug import is_debug
 from hybridmeta.kernels._config import CopyLaunchConfig, copy_launch_config
-from hybridmeta.kernels._dispatch import Impl, observed, on_device, resolve
+from hybridmeta.kernels._dispatch import Impl, no_output_fake, observed, on_device, resolve
 from hybridmeta.kernels._math import scatter_rows_
 from hybridmeta.kernels._validate import (
     INDEX_DTYPES,
@@ -162,16 +162,7 @@ _track_save_op = torch.library.custom_op(
     "hybridmeta::track_save", _track_save_impl, mutates_args=("conv_pool", "ssm_pool")
 )
 
-
-@_track_save_op.register_fake
-def _track_save_fake(
-    conv_pool: torch.Tensor,
-    ssm_pool: torch.Tensor,
-    src_indices: torch.Tensor,
-    track_indices: torch.Tensor,
-    track_mask: torch.Tensor,
-) -> None:
-    return None
+_track_save_op.register_fake(no_output_fake)
 
 
 # --------------------------------------------------------------------------- reference

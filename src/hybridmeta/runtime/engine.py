@@ -380,9 +380,8 @@ class Runtime:
         """One forward of the step's prefill rows; returns ``[P, V]`` last-token logits."""
         starts = [start for _, start, _ in rows]
         lengths = [take for _, _, take in rows]
-        slots = [req.slot for req, _, _ in rows]
-        assert all(s is not None for s in slots)
-        hp = self._plan(starts, lengths, slots, tracks, num_decodes=0)  # type: ignore[arg-type]
+        slots = [_slot(req) for req, _, _ in rows]
+        hp = self._plan(starts, lengths, slots, tracks, num_decodes=0)
         ah = attention_host_plan(lengths, starts)
         views = to_device_packed(
             {**hp.arrays, **ah.arrays, "input_ids": np.asarray(chunk_ids)}, self.device
@@ -393,7 +392,7 @@ class Runtime:
         if tracks:
             # the layers saved conv/SSM state of the boundaries; the KV rows follow
             self.pool.copy_kv(
-                self._index([slots[r] for r, _ in tracks]),  # type: ignore[misc]
+                self._index([slots[r] for r, _ in tracks]),
                 self._index([t for _, t in tracks]),
             )
         return logits
@@ -499,6 +498,11 @@ class Runtime:
             if on_step is not None:
                 on_step(stats)
         return self.finished
+
+
+def _slot(req: Request) -> int:
+    assert req.slot is not None  # running requests hold a working slot
+    return req.slot
 
 
 def cold_logits(model: NemotronH, tokens: Sequence[int]) -> torch.Tensor:

@@ -331,3 +331,326 @@ def garbage_rows(
     else:
         buf[t.shape[0] :] = float("nan")
     return buf
+
+
+# --------------------------------------------------------------------------- speculative decoding
+
+
+@st.composite
+def draft_trees(draw: st.DrawFn, T: int, *, chain_weight: int = 3) -> tuple[int, ...]:
+    """A draft tree of ``T`` tokens as a parent array, topologically ordered.
+
+    ``retrieve_parent_token`` convention: token 0 is a root (``-1``); every other token's
+    parent is an earlier token or, now and then, ``-1`` (another root, starting again from
+    the working state). Chains (``parent[t] = t - 1``) are drawn often on purpose.
+    """
+    if T == 0:
+        return ()
+    if draw(st.integers(0, chain_weight)) == 0:
+        return (-1, *range(T - 1))
+    return (-1, *(draw(st.integers(-1, t - 1)) for t in range(1, T)))
+
+
+def tree_paths(parents: tuple[int, ...], n: int | None = None) -> list[list[int]]:
+    """Root-to-leaf paths (lists of columns) of the tree formed by the first ``n`` tokens."""
+    n = len(parents) if n is None else n
+    has_child = [False] * n
+    for t in range(n):
+        if parents[t] >= 0:
+            has_child[parents[t]] = True
+    paths: list[list[int]] = []
+    for leaf in range(n):
+        if has_child[leaf]:
+            continue
+        path = [leaf]
+        while parents[path[-1]] >= 0:
+            path.append(parents[path[-1]])
+        paths.append(path[::-1])
+    return paths
+
+
+@attrs.frozen
+class SpecCase:
+    """A verify + commit problem: one Mamba2 layer (SSM and conv), ``bs`` rows of ``T`` drafts.
+
+    ``src[b] == -1`` marks a pad row; ``parents`` is ``None`` for chains, else one tree per
+    row (pad rows' trees are garbage a kernel must ignore); ``num_draft`` is ``None`` for
+    ``T`` live columns in every row. ``tail_rows`` / ``tail_cols`` are garbage rows and
+    draft columns of the static buffers past ``[:bs, :T]``.
+    """
+
+    nheads: int
+    headdim: int
+    dstate: int
+    ngroups: int
+    conv_dim: int
+    width: int
+    state_dtype: torch.dtype
+    conv_dtype: torch.dtype
+    act_dtype: torch.dtype
+    has_D: bool
+    has_z: bool
+    has_dt_bias: bool
+    dt_softplus: bool
+    has_conv_bias: bool
+    silu: bool
+    T: int
+    slots: int
+    src: tuple[int, ...]
+    parents: tuple[tuple[int, ...], ...] | None
+    num_draft: tuple[int, ...] | None
+    tail_rows: int
+    tail_cols: int
+    seed: int
+
+    @property
+    def bs(self) -> int:
+        return len(self.src)
+
+    def live_count(self, b: int) -> int:
+        """Live draft columns of row ``b`` (0 for a pad row)."""
+        if self.src[b] < 0:
+            return 0
+        return self.T if self.num_draft is None else self.num_draft[b]
+
+    def parent_of(self, b: int, t: int) -> int:
+        return t - 1 if self.parents is None else self.parents[b][t]
+
+
+@st.composite
+def spec_cases(
+    draw: st.DrawFn,
+    *,
+    max_bs: int = 3,
+    max_T: int = 4,
+    trees: bool | None = None,
+    ragged: bool | None = None,
+) -> SpecCase:
+    """A small verify problem (sizes chosen for the CPU interpreter, which runs every
+    program of the grid one after another: a few heads, rows and draft columns)."""
+    nheads = draw(st.sampled_from((1, 2)))
+    ngroups = draw(st.sampled_from([g for g in (1, 2) if nheads % g == 0]))
+    bs = draw(st.integers(1, max_bs))
+    T = draw(st.integers(1, max_T))
+    n_live = draw(st.integers(0, bs))
+    order = draw(st.permutations(range(bs)))
+    live_rows = set(order[:n_live])  # pads shuffled among live rows
+    slots = max(1, n_live + draw(st.integers(0, 3)))
+    perm = iter(draw(st.permutations(range(slots))))
+    src = tuple(next(perm) if b in live_rows else -1 for b in range(bs))
+    use_trees = draw(st.booleans()) if trees is None else trees
+    parents = tuple(draw(draft_trees(T)) for _ in range(bs)) if use_trees else None
+    use_ragged = draw(st.booleans()) if ragged is None else ragged
+    num_draft = tuple(draw(st.integers(0, T)) for _ in range(bs)) if use_ragged else None
+    return SpecCase(
+        nheads=nheads,
+        headdim=draw(st.integers(1, 10)),
+        dstate=draw(st.integers(1, 16)),
+        ngroups=ngroups,
+        conv_dim=draw(st.integers(1, 40)),
+        width=draw(st.integers(2, 5)),
+        state_dtype=draw(st.sampled_from(STATE_DTYPES)),
+        conv_dtype=draw(st.sampled_from(STATE_DTYPES)),
+        act_dtype=draw(st.sampled_from(ACT_DTYPES)),
+        has_D=draw(st.booleans()),
+        has_z=draw(st.booleans()),
+        has_dt_bias=draw(st.booleans()),
+        dt_softplus=draw(st.booleans()),
+        has_conv_bias=draw(st.booleans()),
+        silu=draw(st.booleans()),
+        T=T,
+        slots=slots,
+        src=src,
+        parents=parents,
+        num_draft=num_draft,
+        tail_rows=draw(st.integers(0, 2)),
+        tail_cols=draw(st.integers(0, 2)),
+        seed=draw(st.integers(0, 2**31 - 1)),
+    )
+
+
+@attrs.frozen
+class SpecTensors:
+    """Compact ``[bs, T]`` inputs of one :class:`SpecCase` (random but finite)."""
+
+    state: torch.Tensor  # [slots, H, P, N]
+    x: torch.Tensor  # [bs, T, H, P]
+    dt: torch.Tensor  # [bs, T, H]
+    A: torch.Tensor
+    B: torch.Tensor  # [bs, T, G, N]
+    C: torch.Tensor
+    D: torch.Tensor | None
+    z: torch.Tensor | None
+    dt_bias: torch.Tensor | None
+    conv_state: torch.Tensor  # [slots, conv_dim, k-1]
+    xc: torch.Tensor  # [bs, T, conv_dim]
+    weight: torch.Tensor  # [conv_dim, k]
+    conv_bias: torch.Tensor | None
+    state_indices: torch.Tensor  # [bs]
+    parent: torch.Tensor | None  # [bs, T]
+    num_draft: torch.Tensor | None  # [bs]
+
+
+def spec_tensors(case: SpecCase, device: torch.device) -> SpecTensors:
+    """Inputs of one spec case. Pad rows' parents and counts are garbage on purpose."""
+    g = torch.Generator().manual_seed(case.seed)
+    bs, T, H, P, N, G = case.bs, case.T, case.nheads, case.headdim, case.dstate, case.ngroups
+    act = case.act_dtype
+    D_, k = case.conv_dim, case.width
+
+    def rnd(*shape: int, scale: float = 1.0) -> torch.Tensor:
+        return (torch.randn(*shape, generator=g) * scale).to(device)
+
+    parent = None
+    if case.parents is not None:
+        rows = [
+            list(case.parents[b])
+            if case.src[b] >= 0
+            else torch.randint(-3, T + 3, (T,), generator=g).tolist()
+            for b in range(bs)
+        ]
+        parent = torch.tensor(rows, dtype=torch.int64, device=device).reshape(bs, T)
+    num_draft = None
+    if case.num_draft is not None:
+        counts = [case.num_draft[b] if case.src[b] >= 0 else T + 5 for b in range(bs)]
+        num_draft = torch.tensor(counts, dtype=torch.int64, device=device)
+    return SpecTensors(
+        state=rnd(case.slots, H, P, N).to(case.state_dtype),
+        x=rnd(bs, T, H, P).to(act),
+        dt=rnd(bs, T, H, scale=0.5).to(act),
+        A=-torch.rand(H, generator=g).to(device) * 2.0,
+        B=rnd(bs, T, G, N).to(act),
+        C=rnd(bs, T, G, N).to(act),
+        D=rnd(H) if case.has_D else None,
+        z=rnd(bs, T, H, P).to(act) if case.has_z else None,
+        dt_bias=rnd(H, scale=0.5) if case.has_dt_bias else None,
+        conv_state=rnd(case.slots, D_, k - 1).to(case.conv_dtype),
+        xc=rnd(bs, T, D_).to(act),
+        weight=(rnd(D_, k) * 0.5).to(act),
+        conv_bias=rnd(D_).to(act) if case.has_conv_bias else None,
+        state_indices=torch.tensor(case.src, dtype=torch.int64, device=device),
+        parent=parent,
+        num_draft=num_draft,
+    )
+
+
+def garbage_block(
+    t: torch.Tensor, tail_rows: int, tail_cols: int, *, slots: int, seed: int
+) -> torch.Tensor:
+    """A ``[bs + tail_rows, T + tail_cols, ...]`` static buffer holding ``t`` in its
+    ``[:bs, :T]`` corner and garbage elsewhere (NaN for floats; for integers other columns,
+    out-of-range ids and ``-1``). Returns the buffer; ``buf[:bs, :T]`` is a view."""
+    bs, T = t.shape[:2]
+    buf = torch.empty((bs + tail_rows, T + tail_cols, *t.shape[2:]), dtype=t.dtype, device=t.device)
+    if t.dtype.is_floating_point:
+        buf.fill_(float("nan"))
+    else:
+        g = torch.Generator().manual_seed(seed)
+        pool = torch.tensor([-1, 0, slots, 2**30, T + 1], dtype=t.dtype)
+        picks = torch.randint(0, len(pool), buf.shape, generator=g)
+        buf.copy_(pool[picks].to(t.device))
+    buf[:bs, :T] = t
+    return buf
+
+
+@attrs.frozen
+class CommitCase:
+    """A commit problem over layer-major pools: per-row accepted column and track boundary."""
+
+    layers: int
+    nheads: int
+    headdim: int
+    dstate: int
+    conv_dim: int
+    width: int
+    ssm_dtype: torch.dtype
+    conv_dtype: torch.dtype
+    T: int
+    slots: int
+    src: tuple[int, ...]
+    accepted: tuple[int, ...]  # [-1, T)
+    track: tuple[int, ...] | None
+    track_mask: tuple[bool, ...] | None
+    track_token: tuple[int, ...] | None
+    tail: int
+    seed: int
+
+    @property
+    def bs(self) -> int:
+        return len(self.src)
+
+
+@st.composite
+def commit_cases(draw: st.DrawFn, *, max_bs: int = 4, with_track: bool | None = None) -> CommitCase:
+    """Live rows get distinct working slots; track slots are distinct from all of those.
+
+    Pad rows carry garbage accepted columns and track entries; unflagged rows keep a
+    valid-looking track slot and boundary column that must not be written.
+    """
+    bs = draw(st.integers(1, max_bs))
+    T = draw(st.integers(1, 4))
+    n_live = draw(st.integers(0, bs))
+    order = draw(st.permutations(range(bs)))
+    live_rows = set(order[:n_live])
+    trk = draw(st.booleans()) if with_track is None else with_track
+    slots = max(1, n_live * (2 if trk else 1) + draw(st.integers(0, 3)))
+    free = iter(draw(st.permutations(range(slots))))
+    src = tuple(next(free) if b in live_rows else -1 for b in range(bs))
+    accepted = tuple(draw(st.integers(-1, T - 1)) for _ in range(bs))
+    track = mask = token = None
+    if trk:
+        track_l: list[int] = []
+        mask_l: list[bool] = []
+        token_l: list[int] = []
+        for b in range(bs):
+            flagged = draw(st.booleans())
+            mask_l.append(flagged)
+            token_l.append(draw(st.integers(-1, T - 1)))
+            if b in live_rows:
+                track_l.append(next(free) if flagged or draw(st.booleans()) else -1)
+            else:
+                track_l.append(draw(st.integers(-1, slots - 1)))
+        track, mask, token = tuple(track_l), tuple(mask_l), tuple(token_l)
+    return CommitCase(
+        layers=draw(st.integers(1, 3)),
+        nheads=draw(st.integers(1, 3)),
+        headdim=draw(st.integers(1, 6)),
+        dstate=draw(st.integers(1, 8)),
+        conv_dim=draw(st.integers(1, 24)),
+        width=draw(st.integers(2, 4)),
+        ssm_dtype=draw(st.sampled_from(STATE_DTYPES)),
+        conv_dtype=draw(st.sampled_from(STATE_DTYPES)),
+        T=T,
+        slots=slots,
+        src=src,
+        accepted=accepted,
+        track=track,
+        track_mask=mask,
+        track_token=token,
+        tail=draw(st.integers(0, 2)),
+        seed=draw(st.integers(0, 2**31 - 1)),
+    )
+
+
+def commit_tensors(case: CommitCase, device: torch.device) -> dict[str, torch.Tensor | None]:
+    """Pools, intermediate buffers and per-row tensors of one commit case."""
+    g = torch.Generator().manual_seed(case.seed)
+    L, bs, T = case.layers, case.bs, case.T
+    H, P, N, D_, k = case.nheads, case.headdim, case.dstate, case.conv_dim, case.width
+
+    def rnd(*shape: int, dtype: torch.dtype) -> torch.Tensor:
+        return torch.randn(*shape, generator=g).to(device, dtype)
+
+    return {
+        "conv_pool": rnd(L, case.slots, D_, k - 1, dtype=case.conv_dtype),
+        "ssm_pool": rnd(L, case.slots, H, P, N, dtype=case.ssm_dtype),
+        "inter_conv": rnd(L, bs, T, D_, k - 1, dtype=case.conv_dtype),
+        "inter_ssm": rnd(L, bs, T, H, P, N, dtype=case.ssm_dtype),
+        "state_indices": torch.tensor(case.src, dtype=torch.int64, device=device),
+        "accepted_index": torch.tensor(case.accepted, dtype=torch.int64, device=device),
+        "track_indices": _idx(case.track, device),
+        "track_mask": None
+        if case.track_mask is None
+        else torch.tensor(case.track_mask, dtype=torch.bool, device=device),
+        "track_token": _idx(case.track_token, device),
+    }

@@ -1,0 +1,608 @@
+"""Speculative-decoding SSM verify update: ``T`` draft tokens per row, chains and trees.
+
+For each live row the kernel runs the Mamba2 single-token update once per draft token,
+starting from the row's working slot, and stores the state after every token into a
+per-row intermediate buffer ``inter[b, t]``. The working slot itself is never written:
+:mod:`hybridmeta.kernels.spec_commit` copies the state of the last accepted token back
+once the draft has been judged.
+
+Chains and trees: with a parent array (``retrieve_parent_token`` convention, ``-1`` for a
+root) token ``t`` starts from the state after token ``parent[b, t]``, a root from the
+working slot; without one token ``t`` starts from token ``t - 1``. The state is rounded to
+the pool's dtype after every token, exactly as ``T`` sequential single-token updates
+through the pool would round it, so a chain and the same path through a tree give the
+same bits whether the parent state came from registers or from the buffer.
+
+This module holds the Triton kernel, its launcher, the ``torch.library`` op, the public
+function :func:`ssm_verify_update` and the pure-torch :func:`ssm_verify_update_reference`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from hybridmeta.debug import is_debug
+from hybridmeta.kernels._config import SsmLaunchConfig
+from hybridmeta.kernels._dispatch import Impl, no_output_fake, observed, on_device, resolve
+from hybridmeta.kernels._math import discretize, ssm_step
+from hybridmeta.kernels._validate import (
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
+    check_index_range,
+    check_optional,
+    check_pool,
+    check_slot_contiguous,
+    check_tensor,
+)
+
+__all__ = [
+    "launch_ssm_verify",
+    "ssm_verify_launch_config",
+    "ssm_verify_update",
+    "ssm_verify_update_reference",
+]
+
+
+def ssm_verify_launch_config(headdim: int, dstate: int) -> SsmLaunchConfig:
+    """Pick the verify tile: 32 state elements per thread of one warp, whatever the dtype.
+
+    Unlike the single-token update (4 KiB of state per tile), the verify runs ``T`` updates
+    on the tile it holds, so per-token work per thread, not bytes per tile, sets the pace.
+    The H200 sweep (``benchmarks/bench_spec.py``, docs/spec_decode.md) at Nano-9B-v2 shapes
+    put 8 headdim rows x 128 dstate on one warp on top for both dtypes: bf16 state 81% of
+    the copy ceiling against 71% with the decode rule's 16 rows (T = 4, bs = 64); fp32
+    87.4% (the same tile as the decode rule).
+    """
+    rows = max(1, 1024 // max(dstate, 1))
+    block_p = min(1 << (rows.bit_length() - 1), 1 << max(headdim - 1, 0).bit_length())
+    return SsmLaunchConfig(block_p=max(block_p, 1), num_warps=1)
+
+
+# T and the parent array's row stride (T when dense) are runtime values: a new draft
+# length must not compile a new variant (Triton specialises integers equal to 1).
+@triton.jit(do_not_specialize=["T", "stride_par_b"])
+def _ssm_verify_kernel(
+    state_ptr: tl.tensor,
+    x_ptr: tl.tensor,
+    dt_ptr: tl.tensor,
+    dt_bias_ptr: tl.tensor,
+    A_ptr: tl.tensor,
+    B_ptr: tl.tensor,
+    C_ptr: tl.tensor,
+    D_ptr: tl.tensor,
+    z_ptr: tl.tensor,
+    out_ptr: tl.tensor,
+    inter_ptr: tl.tensor,
+    src_ptr: tl.tensor,
+    parent_ptr: tl.tensor,
+    ndraft_ptr: tl.tensor,
+    T: tl.tensor,
+    headdim: tl.tensor,
+    dstate: tl.tensor,
+    heads_per_group: tl.tensor,
+    stride_s_slot: tl.tensor,
+    stride_s_h: tl.tensor,
+    stride_s_p: tl.tensor,
+    stride_s_n: tl.tensor,
+    stride_x_b: tl.tensor,
+    stride_x_t: tl.tensor,
+    stride_x_h: tl.tensor,
+    stride_x_p: tl.tensor,
+    stride_dt_b: tl.tensor,
+    stride_dt_t: tl.tensor,
+    stride_dt_h: tl.tensor,
+    stride_B_b: tl.tensor,
+    stride_B_t: tl.tensor,
+    stride_B_g: tl.tensor,
+    stride_B_n: tl.tensor,
+    stride_C_b: tl.tensor,
+    stride_C_t: tl.tensor,
+    stride_C_g: tl.tensor,
+    stride_C_n: tl.tensor,
+    stride_z_b: tl.tensor,
+    stride_z_t: tl.tensor,
+    stride_z_h: tl.tensor,
+    stride_z_p: tl.tensor,
+    stride_o_b: tl.tensor,
+    stride_o_t: tl.tensor,
+    stride_o_h: tl.tensor,
+    stride_o_p: tl.tensor,
+    stride_i_b: tl.tensor,
+    stride_i_t: tl.tensor,
+    stride_par_b: tl.tensor,
+    stride_par_t: tl.tensor,
+    DT_SOFTPLUS: tl.constexpr,
+    HAS_DT_BIAS: tl.constexpr,
+    HAS_D: tl.constexpr,
+    HAS_Z: tl.constexpr,
+    HAS_PARENT: tl.constexpr,
+    HAS_NDRAFT: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+) -> None:
+    i_p = tl.program_id(0)
+    # int64 from here on: slot * per-slot stride overflows int32 for large pools.
+    i_b = tl.program_id(1).to(tl.int64)
+    i_h = tl.program_id(2).to(tl.int64)
+    i_g = i_h // heads_per_group
+
+    src = tl.load(src_ptr + i_b).to(tl.int64)
+    live = src >= 0
+    n_live = tl.load(ndraft_ptr + i_b).to(tl.int64) if HAS_NDRAFT else T.to(tl.int64)
+    # A pad row has no live column: nothing is read or stored, its output is zero.
+    n_live = tl.where(live, n_live, 0)
+    # Row predicates enter masks as a bound on the headdim offset (a pad row's bound is 0):
+    # the Triton interpreter mistypes `block_mask & scalar_mask`.
+    lim_read = tl.where(live, headdim, 0)
+
+    o_p = i_p * BLOCK_P + tl.arange(0, BLOCK_P)  # [BP]
+    o_n = tl.arange(0, BLOCK_N)  # [BN]
+    m_p = o_p < headdim
+    m_n = o_n < dstate
+    o_s = i_h * stride_s_h + o_p[:, None] * stride_s_p + o_n[None, :] * stride_s_n  # [BP, BN]
+    # The intermediate buffer is dense within each [row, token] block: [nheads, headdim, dstate].
+    o_i = (i_h * headdim + o_p[:, None]) * dstate + o_n[None, :]  # [BP, BN]
+    p_inter = inter_ptr + i_b * stride_i_b
+    p_work = state_ptr + src * stride_s_slot + o_s
+
+    b_s = tl.load(p_work, mask=(o_p < lim_read)[:, None] & m_n[None, :], other=0.0).to(
+        tl.float32
+    )  # [BP, BN]
+    b_A = tl.load(A_ptr + i_h).to(tl.float32)
+    if HAS_DT_BIAS:
+        b_dt_bias = tl.load(dt_bias_ptr + i_h).to(tl.float32)
+    if HAS_D:
+        b_D = tl.load(D_ptr + i_h).to(tl.float32)
+
+    for t in tl.range(0, T):
+        if HAS_PARENT:
+            par = tl.load(parent_ptr + i_b * stride_par_b + t * stride_par_t).to(tl.int64)
+            # Anything but an earlier token reads as a root (memory-safe; debug mode refuses it).
+            par = tl.where(par < t, par, -1)
+            par = tl.maximum(par, -1)
+            if par != t - 1:
+                # The parent's block was stored by this program's own threads: make the
+                # stores visible before reading them back.
+                tl.debug_barrier()
+                lim_inter = tl.where(par >= 0, lim_read, 0)
+                lim_work = tl.where(par >= 0, 0, lim_read)
+                b_from_inter = tl.load(
+                    p_inter + tl.maximum(par, 0) * stride_i_t + o_i,
+                    mask=(o_p < lim_inter)[:, None] & m_n[None, :],
+                    other=0.0,
+                ).to(tl.float32)
+                b_from_work = tl.load(
+                    p_work, mask=(o_p < lim_work)[:, None] & m_n[None, :], other=0.0
+                ).to(tl.float32)
+                b_s = tl.where(par >= 0, b_from_inter, b_from_work)
+        b_x = tl.load(
+            x_ptr + i_b * stride_x_b + t * stride_x_t + i_h * stride_x_h + o_p * stride_x_p,
+            mask=m_p,
+            other=0.0,
+        ).to(tl.float32)  # [BP]
+        b_dt = tl.load(dt_ptr + i_b * stride_dt_b + t * stride_dt_t + i_h * stride_dt_h).to(
+            tl.float32
+        )
+        if HAS_DT_BIAS:
+            b_dt += b_dt_bias
+        if DT_SOFTPLUS:
+            # softplus(x) equals x in fp32 above 20; the threshold also keeps exp from overflowing.
+            b_dt = tl.where(b_dt <= 20.0, tl.log(1.0 + tl.exp(b_dt)), b_dt)
+        b_dA = tl.exp(b_A * b_dt)
+        b_B = tl.load(
+            B_ptr + i_b * stride_B_b + t * stride_B_t + i_g * stride_B_g + o_n * stride_B_n,
+            mask=m_n,
+            other=0.0,
+        ).to(tl.float32)  # [BN]
+        b_C = tl.load(
+            C_ptr + i_b * stride_C_b + t * stride_C_t + i_g * stride_C_g + o_n * stride_C_n,
+            mask=m_n,
+            other=0.0,
+        ).to(tl.float32)  # [BN]
+
+        b_s = b_s * b_dA + (b_x * b_dt)[:, None] * b_B[None, :]  # [BP, BN]
+        b_o = tl.sum(b_s * b_C[None, :], axis=1)  # [BP]
+        if HAS_D:
+            b_o += b_x * b_D
+        if HAS_Z:
+            b_z = tl.load(
+                z_ptr + i_b * stride_z_b + t * stride_z_t + i_h * stride_z_h + o_p * stride_z_p,
+                mask=m_p,
+                other=0.0,
+            ).to(tl.float32)
+            b_o *= b_z * tl.sigmoid(b_z)
+        # Pad rows and columns past the live count: select, never multiply (inputs may be NaN).
+        b_o = tl.where(t < n_live, b_o, 0.0)
+        tl.store(
+            out_ptr + i_b * stride_o_b + t * stride_o_t + i_h * stride_o_h + o_p * stride_o_p,
+            b_o.to(out_ptr.dtype.element_ty),
+            mask=m_p,
+        )
+        b_new = b_s.to(inter_ptr.dtype.element_ty)
+        lim_store = tl.where(t < n_live, headdim, 0)
+        tl.store(
+            p_inter + t * stride_i_t + o_i,
+            b_new,
+            mask=(o_p < lim_store)[:, None] & m_n[None, :],
+        )
+        # Carry what was stored: the next token starts from the state a sequential update
+        # would read back from the pool.
+        b_s = b_new.to(tl.float32)
+
+
+def launch_ssm_verify(
+    state: torch.Tensor,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    out: torch.Tensor,
+    inter: torch.Tensor,
+    state_indices: torch.Tensor,
+    *,
+    D: torch.Tensor | None,
+    z: torch.Tensor | None,
+    dt_bias: torch.Tensor | None,
+    dt_softplus: bool,
+    parent: torch.Tensor | None,
+    num_draft: torch.Tensor | None,
+    config: SsmLaunchConfig | None = None,
+) -> None:
+    """Launch the verify update on already validated tensors (no allocation, no checks).
+
+    Parameters
+    ----------
+    state : torch.Tensor
+        ``[slots, nheads, headdim, dstate]`` pool; only read.
+    x, z, out : torch.Tensor
+        ``[bs, T, nheads, headdim]``.
+    dt : torch.Tensor
+        ``[bs, T, nheads]``.
+    A, D, dt_bias : torch.Tensor
+        ``[nheads]``.
+    B, C : torch.Tensor
+        ``[bs, T, ngroups, dstate]``.
+    inter : torch.Tensor
+        ``[bs, T, nheads, headdim, dstate]``, each ``[b, t]`` block dense; written.
+    state_indices : torch.Tensor
+        ``[bs]`` working slot of each row, ``-1`` for a pad row.
+    parent, num_draft : torch.Tensor or None
+        ``[bs, T]`` parent token (``-1`` root) and ``[bs]`` live draft columns.
+    config : SsmLaunchConfig, optional
+        Tile shape and warps; default :func:`ssm_verify_launch_config`.
+    """
+    bs, T = x.shape[:2]
+    _, nheads, headdim, dstate = state.shape
+    ngroups = B.shape[2]
+    if bs == 0 or T == 0:
+        return
+    cfg = config if config is not None else ssm_verify_launch_config(headdim, dstate)
+    z_strides = z.stride() if z is not None else (0, 0, 0, 0)
+    par_strides = parent.stride() if parent is not None else (0, 0)
+    grid = (triton.cdiv(headdim, cfg.block_p), bs, nheads)
+    _ssm_verify_kernel[grid](
+        state_ptr=state,
+        x_ptr=x,
+        dt_ptr=dt,
+        dt_bias_ptr=dt_bias,
+        A_ptr=A,
+        B_ptr=B,
+        C_ptr=C,
+        D_ptr=D,
+        z_ptr=z,
+        out_ptr=out,
+        inter_ptr=inter,
+        src_ptr=state_indices,
+        parent_ptr=parent,
+        ndraft_ptr=num_draft,
+        T=T,
+        headdim=headdim,
+        dstate=dstate,
+        heads_per_group=nheads // ngroups,
+        stride_s_slot=state.stride(0),
+        stride_s_h=state.stride(1),
+        stride_s_p=state.stride(2),
+        stride_s_n=state.stride(3),
+        stride_x_b=x.stride(0),
+        stride_x_t=x.stride(1),
+        stride_x_h=x.stride(2),
+        stride_x_p=x.stride(3),
+        stride_dt_b=dt.stride(0),
+        stride_dt_t=dt.stride(1),
+        stride_dt_h=dt.stride(2),
+        stride_B_b=B.stride(0),
+        stride_B_t=B.stride(1),
+        stride_B_g=B.stride(2),
+        stride_B_n=B.stride(3),
+        stride_C_b=C.stride(0),
+        stride_C_t=C.stride(1),
+        stride_C_g=C.stride(2),
+        stride_C_n=C.stride(3),
+        stride_z_b=z_strides[0],
+        stride_z_t=z_strides[1],
+        stride_z_h=z_strides[2],
+        stride_z_p=z_strides[3],
+        stride_o_b=out.stride(0),
+        stride_o_t=out.stride(1),
+        stride_o_h=out.stride(2),
+        stride_o_p=out.stride(3),
+        stride_i_b=inter.stride(0),
+        stride_i_t=inter.stride(1),
+        stride_par_b=par_strides[0],
+        stride_par_t=par_strides[1],
+        DT_SOFTPLUS=dt_softplus,
+        HAS_DT_BIAS=dt_bias is not None,
+        HAS_D=D is not None,
+        HAS_Z=z is not None,
+        HAS_PARENT=parent is not None,
+        HAS_NDRAFT=num_draft is not None,
+        BLOCK_P=cfg.block_p,
+        BLOCK_N=triton.next_power_of_2(dstate),
+        num_warps=cfg.num_warps,
+    )
+
+
+# --------------------------------------------------------------------------- custom op
+
+
+def _ssm_verify_impl(
+    state: torch.Tensor,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    out: torch.Tensor,
+    inter: torch.Tensor,
+    state_indices: torch.Tensor,
+    D: torch.Tensor | None,
+    z: torch.Tensor | None,
+    dt_bias: torch.Tensor | None,
+    dt_softplus: bool,
+    parent: torch.Tensor | None,
+    num_draft: torch.Tensor | None,
+) -> None:
+    with on_device(state.device):
+        launch_ssm_verify(
+            state, x, dt, A, B, C, out, inter, state_indices, D=D, z=z, dt_bias=dt_bias,
+            dt_softplus=dt_softplus, parent=parent, num_draft=num_draft,
+        )  # fmt: skip
+
+
+_ssm_verify_op = torch.library.custom_op(
+    "hybridmeta::ssm_verify_update", _ssm_verify_impl, mutates_args=("out", "inter")
+)
+
+_ssm_verify_op.register_fake(no_output_fake)
+
+
+# --------------------------------------------------------------------------- public op
+
+
+def ssm_verify_update(
+    state: torch.Tensor,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    *,
+    state_indices: torch.Tensor,
+    inter: torch.Tensor,
+    D: torch.Tensor | None = None,
+    z: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    dt_softplus: bool = False,
+    parent: torch.Tensor | None = None,
+    num_draft: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    impl: Impl | None = None,
+) -> torch.Tensor:
+    """Mamba2 SSM verify update: ``T`` draft tokens per row, the state after each kept.
+
+    For each live row ``b`` (``state_indices[b] >= 0``), each live column
+    ``t < num_draft[b]`` in order, and head ``h`` (group ``g = h // (nheads // ngroups)``)::
+
+        s0   = state[state_indices[b]]                    # the working slot, never written
+        prev = s0 if root(t) else inter[b, parent(t)]     # parent(t) = parent[b, t] or t - 1
+        dt'  = softplus(dt[b, t, h] + dt_bias[h])         # bias / softplus optional
+        s    = prev * exp(A[h] * dt') + dt' * x[b, t, h, :, None] * B[b, t, g, None, :]
+        out[b, t] = (s @ C[b, t, g]) + D[h] * x[b, t, h]  # then * silu(z[b, t, h]) if z given
+        inter[b, t] = s                                   # rounded to the state dtype
+
+    A chain (``parent`` not given) is the tree ``parent[b, t] = t - 1``; the root of a tree
+    (``parent[b, t] == -1``, ``retrieve_parent_token`` convention) starts from the working
+    slot, and several roots are allowed. Pad rows and columns ``t >= num_draft[b]`` read no
+    state, write nothing to ``inter`` and get zero output. The pool is only read.
+
+    Parameters
+    ----------
+    state : torch.Tensor
+        ``[slots, nheads, headdim, dstate]``, float32 / bfloat16 / float16; only read.
+    x : torch.Tensor
+        ``[bs, T, nheads, headdim]``, a float dtype; ``T >= 1`` draft columns.
+    dt : torch.Tensor
+        ``[bs, T, nheads]``.
+    A : torch.Tensor
+        ``[nheads]``.
+    B, C : torch.Tensor
+        ``[bs, T, ngroups, dstate]``; ``nheads % ngroups == 0``.
+    state_indices : torch.Tensor
+        ``[bs]`` int32/int64: working slot of each row, ``-1`` for a pad row.
+    inter : torch.Tensor
+        ``[bs, T, nheads, headdim, dstate]`` in ``state.dtype``, each ``[b, t]`` block dense
+        (e.g. the ``[:bs, :T]`` view of a ``[max_bs, max_draft, ...]`` buffer); the state
+        after each live token is written to ``inter[b, t]``, nothing else is.
+    D, dt_bias : torch.Tensor, optional
+        ``[nheads]``.
+    z : torch.Tensor, optional
+        ``[bs, T, nheads, headdim]`` gate.
+    dt_softplus : bool
+        Apply softplus to ``dt + dt_bias``.
+    parent : torch.Tensor, optional
+        ``[bs, T]`` int32/int64 parent of each draft token: ``-1`` (a root, starts from the
+        working slot) or an earlier column ``0 <= parent[b, t] < t`` (tokens topologically
+        ordered). Default: a chain.
+    num_draft : torch.Tensor, optional
+        ``[bs]`` int32/int64 live draft columns of each row, in ``[0, T]`` (default ``T``).
+    out : torch.Tensor, optional
+        ``[bs, T, nheads, headdim]`` in ``x.dtype``; allocated if not given.
+    impl : {"auto", "triton", "reference"}, optional
+        The implementation (see :func:`hybridmeta.kernels.implementation`).
+
+    Returns
+    -------
+    torch.Tensor
+        ``out``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        On any argument that breaks the rules above (the message names it); in debug mode
+        also on an index outside ``[-1, slots)``, a parent that is not ``-1`` or an earlier
+        column, or ``num_draft`` outside ``[0, T]``. Nothing is written.
+    """
+    op = "ssm_verify_update"
+    state = check_pool(op, "state", state, dims="[slots, nheads, headdim, dstate]")
+    dev = state.device
+    slots, nheads, headdim, dstate = state.shape
+    x = check_tensor(op, "x", x, shape=(None, None, nheads, headdim), dtypes=FLOAT_DTYPES,
+                     device=dev, dims="[bs, T, nheads, headdim]")  # fmt: skip
+    bs, T = x.shape[:2]
+    if T < 1:
+        raise ValueError(f"{op}: `x` must have at least one draft column (T >= 1), got T={T}")
+    check_tensor(op, "dt", dt, shape=(bs, T, nheads), dtypes=FLOAT_DTYPES, device=dev,
+                 dims="[bs, T, nheads]")  # fmt: skip
+    check_tensor(op, "A", A, shape=(nheads,), dtypes=FLOAT_DTYPES, device=dev, dims="[nheads]")
+    B = check_tensor(op, "B", B, shape=(bs, T, None, dstate), dtypes=FLOAT_DTYPES, device=dev,
+                     dims="[bs, T, ngroups, dstate]")  # fmt: skip
+    ngroups = B.shape[2]
+    if ngroups == 0 or nheads % ngroups != 0:
+        raise ValueError(f"{op}: `B` ngroups={ngroups} must divide nheads={nheads}")
+    check_tensor(op, "C", C, shape=(bs, T, ngroups, dstate), dtypes=FLOAT_DTYPES, device=dev,
+                 dims="[bs, T, ngroups, dstate]")  # fmt: skip
+    check_optional(op, "D", D, shape=(nheads,), dtypes=FLOAT_DTYPES, device=dev, dims="[nheads]")
+    check_optional(op, "dt_bias", dt_bias, shape=(nheads,), dtypes=FLOAT_DTYPES, device=dev,
+                   dims="[nheads]")  # fmt: skip
+    check_optional(op, "z", z, shape=(bs, T, nheads, headdim), dtypes=FLOAT_DTYPES, device=dev,
+                   dims="[bs, T, nheads, headdim]")  # fmt: skip
+    check_tensor(op, "state_indices", state_indices, shape=(bs,), dtypes=INDEX_DTYPES,
+                 device=dev, dims="[bs]")  # fmt: skip
+    check_tensor(op, "inter", inter, shape=(bs, T, nheads, headdim, dstate), dtypes=(state.dtype,),
+                 device=dev, dims="[bs, T, nheads, headdim, dstate]")  # fmt: skip
+    check_slot_contiguous(op, "inter", inter, 2)
+    check_optional(op, "parent", parent, shape=(bs, T), dtypes=INDEX_DTYPES, device=dev,
+                   dims="[bs, T]")  # fmt: skip
+    check_optional(op, "num_draft", num_draft, shape=(bs,), dtypes=INDEX_DTYPES, device=dev,
+                   dims="[bs]")  # fmt: skip
+    if out is not None:
+        check_tensor(op, "out", out, shape=(bs, T, nheads, headdim), dtypes=(x.dtype,),
+                     device=dev, dims="[bs, T, nheads, headdim]")  # fmt: skip
+    which = resolve(op, impl, dev)
+    if is_debug():
+        check_index_range(op, "state_indices", state_indices, slots)
+        check_draft_indices(op, state_indices >= 0, T, parent, num_draft)
+    if out is None:
+        out = torch.empty_like(x)
+    if which == "reference":
+        ssm_verify_update_reference(
+            state, x, dt, A, B, C, out, inter, state_indices, D=D, z=z, dt_bias=dt_bias,
+            dt_softplus=dt_softplus, parent=parent, num_draft=num_draft,
+        )  # fmt: skip
+        return out
+    run = torch.ops.hybridmeta.ssm_verify_update if observed(state) else _ssm_verify_impl
+    run(
+        state, x, dt, A, B, C, out, inter, state_indices, D, z, dt_bias, dt_softplus, parent,
+        num_draft,
+    )  # fmt: skip
+    return out
+
+
+def check_draft_indices(
+    op: str,
+    live: torch.Tensor,
+    T: int,
+    parent: torch.Tensor | None,
+    num_draft: torch.Tensor | None,
+) -> None:
+    """Debug-mode check (syncs) of a draft tree and live counts, for live rows only.
+
+    ``num_draft[b]`` must lie in ``[0, T]``; ``parent[b, t]`` of a live column must be ``-1``
+    or an earlier column (``0 <= parent[b, t] < t``): tokens topologically ordered.
+    """
+    n = torch.full_like(live, T, dtype=torch.int64)
+    if num_draft is not None:
+        bad = live & ((num_draft < 0) | (num_draft > T))
+        if bool(bad.any()):
+            row = int(bad.nonzero()[0, 0])
+            raise ValueError(
+                f"{op}: `num_draft` values must be in [0, T={T}]; row {row} holds "
+                f"{int(num_draft[row])}"
+            )
+        n = num_draft.to(torch.int64)
+    if parent is None:
+        return
+    cols = torch.arange(T, device=live.device)
+    live_cols = live[:, None] & (cols[None, :] < n[:, None])  # [bs, T]
+    bad = live_cols & ((parent < -1) | (parent >= cols[None, :]))
+    if bool(bad.any()):
+        row, col = (int(v) for v in bad.nonzero()[0])
+        raise ValueError(
+            f"{op}: `parent` values must be -1 (a root) or an earlier column (tokens "
+            f"topologically ordered); row {row} column {col} holds {int(parent[row, col])}"
+        )
+
+
+# --------------------------------------------------------------------------- reference
+
+
+def ssm_verify_update_reference(
+    state: torch.Tensor,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    out: torch.Tensor,
+    inter: torch.Tensor,
+    state_indices: torch.Tensor,
+    *,
+    D: torch.Tensor | None = None,
+    z: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    dt_softplus: bool = False,
+    parent: torch.Tensor | None = None,
+    num_draft: torch.Tensor | None = None,
+) -> None:
+    """The pure-torch verify update: the kernel's contract, in place, on validated tensors.
+
+    Token by token through :func:`hybridmeta.kernels._math.ssm_step`, each token's state
+    rounded to the pool's dtype as the kernel stores it; writes ``out`` and the live
+    ``inter[b, t]``, never the pool. Fixed shapes, no device-to-host reads (capturable).
+    """
+    bs, T = x.shape[:2]
+    live = state_indices >= 0  # [bs]
+    n = num_draft.long() if num_draft is not None else torch.full_like(state_indices, T).long()
+    n = torch.where(live, n, 0)
+    safe = torch.where(live, state_indices, 0)
+    s0 = torch.where(live[:, None, None, None], state.index_select(0, safe).float(), 0.0)
+    rows = torch.arange(bs, device=x.device)
+    dt_p = discretize(dt, dt_bias, dt_softplus)  # [bs, T, H]
+    after: list[torch.Tensor] = []  # fp32 copies of the stored (rounded) state per token
+    for t in range(T):
+        prev = s0 if t == 0 else after[t - 1]
+        if parent is not None and t > 0:
+            par = parent[:, t].long()
+            par = torch.where((par >= 0) & (par < t), par, -1)
+            from_inter = torch.stack(after, dim=1)[rows, par.clamp(min=0)]  # [bs, H, P, N]
+            prev = torch.where((par >= 0)[:, None, None, None], from_inter, s0)
+        zt = z[:, t] if z is not None else None
+        new, y = ssm_step(prev, x[:, t], dt_p[:, t], A, B[:, t], C[:, t], D, zt)
+        keep = t < n  # [bs]
+        out[:, t].copy_(torch.where(keep[:, None, None], y, 0.0).to(out.dtype))
+        stored = new.to(state.dtype)
+        after.append(stored.float())
+        inter[:, t].copy_(torch.where(keep[:, None, None, None], stored, inter[:, t]))
