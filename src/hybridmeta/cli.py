@@ -95,6 +95,12 @@ def _run_main(argv: Sequence[str]) -> int:
     return main_job(list(argv))
 
 
+def _audit_main(argv: Sequence[str]) -> int:
+    from hybridmeta.audit import main as audit_main
+
+    return audit_main(list(argv))
+
+
 @attrs.frozen
 class Mode:
     """One mode of the ``hybridmeta`` command."""
@@ -111,6 +117,10 @@ MODES: dict[str, Mode] = {
         _run_main,
     ),
     "demo": Mode("a short tour of the metadata layer", _demo_main),
+    "audit": Mode(
+        "find metadata constructors that drop source fields (static check of Python files)",
+        _audit_main,
+    ),
 }
 DEFAULT_MODE = "run"
 

@@ -1,0 +1,1 @@
+"""Worked examples of :mod:`hybridmeta.testing` (run by ``tests/examples/``)."""
