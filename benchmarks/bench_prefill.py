@@ -1,15 +1,18 @@
 """Prefill throughput of the chunked SSD scan path (planner, conv, scan, track-save).
 
-Runs on the GPU when there is one (Nemotron-Nano-9B-v2 layer shapes, REFERENCE.md §4);
-``--small`` (or no CUDA) runs tiny shapes on the CPU as a smoke test. Compares:
+Runs on the GPU when there is one (Nemotron-Nano-9B-v2 layer shapes, docs/background.md
+section 4); ``--small`` (or no CUDA) runs tiny shapes on the CPU as a smoke test. Compares:
 
-* ``batched``: the vectorised torch scan over the whole flattened batch (the baseline),
-* ``per_request``: the same scan called once per request (what an engine without the
+* ``torch``: the scan's vectorised reference (``ssd_chunked_scan(impl="reference")``) over
+  the whole flattened batch (the baseline),
+* ``triton``: the Triton scan (``ssd_chunked_scan(impl="triton")``) on the same plan,
+* ``per_request``: the reference called once per request (what an engine without the
   global-grid plan does),
-* ``oracle``: the token-by-token recurrence, on a short slice (tokens/s only),
+* ``oracle``: the token-by-token recurrence of ``tests/oracle.py``, on a short slice
+  (tokens/s only).
 
-and the Triton scan (``ssd_chunked_scan_triton``). Every variant is
-checked against the oracle on a slice before it is timed; the JSON says by how much.
+Every implementation is checked against the oracle on a slice before it is timed; the
+JSON says by how much.
 
 Usage::
 

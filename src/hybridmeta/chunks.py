@@ -6,8 +6,9 @@ of the next must be split: a *logical* chunk changes at every sequence boundary 
 physical chunk boundary. ``chunk_indices[i]`` is the physical chunk of logical chunk ``i``
 and ``chunk_offsets[i]`` the offset of its first token inside that physical chunk.
 
-Example (``REFERENCE.md`` §3): ``query_start_loc=[0, 5, 10]``, ``chunk_size=8`` gives
-``chunk_indices=[0, 0, 1]``, ``chunk_offsets=[0, 5, 0]``.
+Example (``docs/background.md``, section 3): ``query_start_loc=[0, 5, 10]``,
+``chunk_size=8`` gives ``chunk_indices=[0, 0, 1]``, ``chunk_offsets=[0, 5, 0]``: logical
+chunks start at tokens 0, 5 and 8.
 """
 
 from __future__ import annotations

@@ -626,8 +626,8 @@ def check_values(
     Run on construction in debug mode, and by the static buffers before they write a step.
 
     * offsets (``Pad.CUMULATIVE``) start at 0 and never decrease;
-    * slot fields (``Role.WORKING_SLOT``, ``Role.TRACK_SLOT``) hold ``-1`` or a slot, below
-      ``num_slots`` when it is given;
+    * slot fields (``Role.WORKING_SLOT``, ``Role.TRACK_SLOT``, ``Role.SLOT``) hold ``-1`` or
+      a slot, below ``num_slots`` when it is given;
     * working slots are distinct over the rows that hold one, and with ``live`` (every row
       is a live row: a step before padding) no row holds the pad;
     * a row whose ``Role.TRACK_MASK`` is set has a track slot, and track slots of such rows
@@ -635,7 +635,9 @@ def check_values(
     * with ``physical`` (the ids are pool slots, not virtual ids of a slot table) a
       tracked row's track slot is not the working slot of any row: the save would
       overwrite live state. This comparison needs both fields in one id space, so it runs
-      only where the translation is known (the static buffers, the planner, the ops).
+      only where the translation is known: :meth:`StaticBuffers.refresh` asks for it; the
+      planner (on host data) and the ops (``check_disjoint_writes`` in debug mode) make the
+      same check on their own inputs.
 
     ``overrides`` replaces fields' values for the checks (the static buffers pass the
     physical ids of translated fields).
