@@ -191,7 +191,8 @@ class StaticBuffers:
         step's rows).
     optional_fields : collection of str, optional
         Optional per-row fields to buffer (default: every one whose ``None`` a pad can stand
-        for: ``Role.ENGINE_ONLY`` fields and fields governed by a ``Role.SUBSUMED_FLAG``).
+        for: ``Role.ENGINE_ONLY`` fields, slot fields and track masks, whose pad means
+        "nothing", and fields governed by a ``Role.SUBSUMED_FLAG``).
         A step that sets an optional field not buffered here is refused, so no field is
         silently dropped. A buffered field that a step leaves ``None`` is padded over the
         whole bucket if a pad can stand for its ``None``; any other buffered field (a
@@ -272,9 +273,15 @@ class StaticBuffers:
         if self._col_field is None and max_draft != 1:
             raise ValueError("StaticBuffers: max_draft > 1 but no field declares columns")
         subsumed = {s.name for s in specs if s.role is Role.SUBSUMED_FLAG}
-        padded_none = {
-            g for s in specs if s.role is Role.SUBSUMED_FLAG for g in s.governs
-        } | {s.name for s in specs if s.role is Role.ENGINE_ONLY}
+        # Optional fields whose None a pad can stand for: no layer reads them
+        # (ENGINE_ONLY), their pad means "nothing" by their role (a slot field's -1, a
+        # track mask's False), or a subsumed flag masks their work off when they are None.
+        # A DATA field's pad is a value (a tree's -1 is a root, its None a chain): never.
+        padded_none = (
+            {g for s in specs if s.role is Role.SUBSUMED_FLAG for g in s.governs}
+            | {s.name for s in specs if s.role is Role.ENGINE_ONLY}
+            | {s.name for s in specs if s.role.is_slot or s.role is Role.TRACK_MASK}
+        )
         if optional_fields is None:
             optional_fields = tuple(
                 s.name for s in specs if s.per_row and s.optional and s.name in padded_none
