@@ -2,8 +2,9 @@
 # The whole GPU run in one call (device tool): GPU-marked tests of every part, the
 # benchmarks, compute-sanitizer over the kernel suite, and the main job on CUDA.
 # Usage (repository root, on the GPU machine): OUT=/some/dir bash scripts/gpu_suite.sh [parts...]
-# parts: tests bench sanitizer job (default: all). Logs and JSON land in $OUT/run/, packed
-# into $OUT/gpu_run.tar.gz at the end.
+# parts: tests bench sanitizer job (default: all), spec (only the speculative-decoding gpu
+# tests and the main job, for a short run; `tests` and `job` include them). Logs and JSON
+# land in $OUT/run/, packed into $OUT/gpu_run.tar.gz at the end.
 set -uo pipefail
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 OUT=${OUT:?set OUT}
@@ -34,6 +35,14 @@ sanitizer)
   step "compute-sanitizer memcheck over the kernel suite"
   HYPOTHESIS_PROFILE=ci timeout ${SANITIZER_TIMEOUT:-150} compute-sanitizer --tool memcheck --target-processes all \
     python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels 2>&1 | tee "$R/sanitizer.log" | tail -8
+  ;;
+spec)
+  step "spec decode: (B, T) verify + commit replay machine on CUDA graphs, runtime spec decode (thorough)"
+  HYPOTHESIS_PROFILE=thorough timeout ${SPEC_TIMEOUT:-300} python3 -m pytest -q -m gpu -p no:cacheprovider \
+    tests/properties/test_graphs_spec_replay.py tests/runtime/test_spec.py \
+    --junitxml="$R/gpu_spec.xml" 2>&1 | tee "$R/gpu_spec.log" | tail -15
+  step "main job on CUDA (spec decode row included)"
+  timeout 180 python3 -m hybridmeta.cli --device cuda 2>&1 | tee "$R/main_job_cuda.log" | tail -30
   ;;
 job)
   step "main job on CUDA"

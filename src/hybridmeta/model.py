@@ -4,7 +4,8 @@
 ``Mamba2Metadata`` derives from it and is built only through
 ``Mamba2Metadata.evolve_from`` (here: :func:`prepare_decode`, :func:`prepare_target_verify`
 and the mixed-batch planner, :mod:`hybridmeta.planner`), so every ``ForwardMetadata``
-field reaches the Mamba2 layers, including ones added later. Every tensor and flag a
+field reaches the Mamba2 layers, including ones added later (likewise
+:class:`SpecCommitMetadata`, through :func:`prepare_commit`). Every tensor and flag a
 Mamba2 entry point reads (prefill scan, prefill conv, extend track-save, decode update,
 conv update, decode track-save, verify) arrives inside one ``Mamba2Metadata``; the
 prefill-side plan is its nested :class:`MixedMetadata`, itself three nested plans
@@ -44,6 +45,7 @@ __all__ = [
     "Mamba2Metadata",
     "MixedMetadata",
     "SpecCommitMetadata",
+    "prepare_commit",
     "prepare_decode",
     "prepare_target_verify",
 ]
@@ -489,3 +491,16 @@ class SpecCommitMetadata(Mamba2Metadata):
                 "SpecCommitMetadata.is_target_verify must be set: a commit follows a "
                 "target-verify forward (evolve it from prepare_target_verify's metadata)"
             )
+
+
+def prepare_commit(
+    verify: Mamba2Metadata, *, accepted_index: torch.Tensor, track_token: torch.Tensor
+) -> SpecCommitMetadata:
+    """Metadata of the commit after a target-verify forward (``verify``: its metadata).
+
+    ``accepted_index`` and ``track_token`` are the engine's ``[bs]`` verdict (see
+    :class:`SpecCommitMetadata`); everything else is the verify's.
+    """
+    return SpecCommitMetadata.evolve_from(
+        verify, accepted_index=accepted_index, track_token=track_token
+    )

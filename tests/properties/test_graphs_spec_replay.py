@@ -464,7 +464,7 @@ _THOROUGH = settings(settings.get_profile("thorough"), stateful_step_count=10)
 @pytest.mark.gpu
 @pytest.mark.parametrize("machine", [_Cuda, _CudaTriton], ids=["reference", "triton"])
 def test_spec_replay_machine_cuda_graphs(machine: type[SpecReplayMachine]) -> None:
-    run_state_machine_as_test(machine, settings=settings(_THOROUGH, max_examples=100))
+    run_state_machine_as_test(machine, settings=settings(_THOROUGH, max_examples=50))
 
 
 @pytest.mark.gpu

@@ -23,7 +23,7 @@ from hybridmeta.runtime.engine import Finished, Runtime, RuntimeOptions, cold_lo
 from hybridmeta.runtime.job import kl_per_position
 from hybridmeta.runtime.loader import load_nemotron_h
 from hybridmeta.runtime.model import NemotronH
-from hybridmeta.runtime.spec import greedy_accept, ngram_draft, plan_verify
+from hybridmeta.runtime.spec import greedy_accept, ngram_draft, plan_spec_step
 
 KL_FP32 = 1e-6
 
@@ -87,20 +87,21 @@ def test_ngram_draft_extends_a_loop_by_its_period() -> None:
 # ----------------------------------------------------------------------- the verify plan
 
 
-def test_plan_verify_lays_out_rows_of_T_tokens() -> None:
-    hp = plan_verify(
+def test_plan_spec_step_lays_out_rows_of_T_tokens() -> None:
+    sp = plan_spec_step(
         slots=[2, 0], seq_lens=[10, 4], tokens=[[5, 6, 7], [8, 8, 8]],
         targets=[[-1, -1, -1], [1, 2, 3]], num_draft=[2, 0], track_mask=[True, False],
         track_slots=[5, -1],
     )  # fmt: skip
-    a = {k.removeprefix("spec."): v for k, v in hp.arrays.items()}
-    assert a["query_start_loc"].tolist() == [0, 3, 6]
-    assert a["positions"].tolist() == [10, 11, 12, 4, 5, 6]
-    assert a["input_ids"].tolist() == [5, 6, 7, 8, 8, 8]
-    assert a["track_slots"].tolist() == [5, -1]
-    staged = {k: torch.as_tensor(v) for k, v in hp.arrays.items()}
-    md = hp.metadata(staged)
+    staged = {k: torch.as_tensor(v) for k, v in sp.staged_arrays.items()}
+    v = sp.views(staged)
+    assert v["positions"].tolist() == [10, 11, 12, 4, 5, 6]
+    assert v["input_ids"].tolist() == [5, 6, 7, 8, 8, 8]
+    assert v["targets"].tolist() == [-1, -1, -1, 1, 2, 3]
+    md = sp.verify.metadata(staged)
     assert md.is_target_verify and md.draft_token_num == 3 and md.num_decodes == 2
+    assert md.query_start_loc.tolist() == [0, 3, 6]
+    assert md.mamba_track_indices is not None and md.mamba_track_indices.tolist() == [5, -1]
     assert md.has_mamba_track_mask
     assert md.retrieve_parent_token is None  # chains
 
@@ -110,19 +111,20 @@ def test_plan_verify_lays_out_rows_of_T_tokens() -> None:
     [
         ({"num_draft": [3, 0]}, r"num_draft must lie in \[0, T - 1 = 2\]"),
         ({"slots": [1, 1]}, "slots must be distinct"),
-        ({"track_mask": [True, False], "track_slots": [0, -1]}, "track slot that is no working slot"),
-        ({"track_mask": [True, False]}, "track_mask and track_slots come together"),
+        ({"track_mask": [True, False], "track_slots": [0, -1]}, "is also a working slot"),
+        ({"track_mask": [True, False]}, "track_mask and track_slots are given together"),
         ({"tokens": [[1, 2, 3], [1, 2]]}, "tokens must be"),
+        ({"seq_lens": [3]}, r"seq_lens must have shape \(2,\)"),
     ],
 )
-def test_plan_verify_refuses_inconsistent_rows(kw: dict[str, Any], match: str) -> None:
+def test_plan_spec_step_refuses_inconsistent_rows(kw: dict[str, Any], match: str) -> None:
     args: dict[str, Any] = {
         "slots": [0, 1], "seq_lens": [3, 3], "tokens": [[1, 2, 3], [4, 5, 6]],
         "targets": [[-1] * 3, [-1] * 3], "num_draft": [2, 2],
     }  # fmt: skip
     args.update(kw)
     with pytest.raises(ValueError, match=match):
-        plan_verify(**args)
+        plan_spec_step(**args)
 
 
 def test_greedy_accept_keeps_the_leading_run_of_matches() -> None:

@@ -827,7 +827,8 @@ class StaticBuffers:
         self._metadata[key] = md
         return md
 
-    def _construct(self, key: Bucket) -> Mamba2Metadata:
+    def _construct(self, bucket: int | Bucket) -> Mamba2Metadata:
+        key = self.key(bucket)
         fields, _ = self._bucket_views(key)
         kwargs: dict[str, Any] = dict(self._static)
         if self._col_field is not None:

@@ -41,13 +41,13 @@ import numpy as np
 import torch
 
 from hybridmeta import kernels
-from hybridmeta.model import SpecCommitMetadata
+from hybridmeta.model import prepare_commit, prepare_target_verify
 from hybridmeta.planner import MixedHostPlan, plan_host
 from hybridmeta.runtime.decode_graphs import DecodeGraphs, VerifyGraphs
 from hybridmeta.runtime.model import NemotronH
 from hybridmeta.runtime.plan import attention_host_plan
 from hybridmeta.runtime.prefix_cache import PrefixCache
-from hybridmeta.runtime.spec import Accepted, greedy_accept, ngram_draft, plan_verify
+from hybridmeta.runtime.spec import Accepted, greedy_accept, ngram_draft, plan_spec_step
 from hybridmeta.runtime.state import SlotAllocator, StatePool
 from hybridmeta.staging import to_device_packed
 
@@ -564,20 +564,20 @@ class Runtime:
         if opts.use_prefix_cache:
             track_mask = [i in tracked for i in range(len(reqs))]
             track_slots = [tracked[i][1] if i in tracked else -1 for i in range(len(reqs))]
-        plan = plan_verify(
+        plan = plan_spec_step(
             slots=slots, seq_lens=seq_lens, tokens=rows, targets=targets,
             num_draft=[len(d) for d in drafts], track_mask=track_mask, track_slots=track_slots,
         )  # fmt: skip
-        staged = to_device_packed(plan.arrays, self.device)
+        staged = to_device_packed(plan.staged_arrays, self.device)
         v = plan.views(staged)
-        fwd = plan.forward(staged)
-        md = plan.metadata(staged)
+        fwd = plan.verify.forward(staged)
+        md = prepare_target_verify(fwd)
         if self.verify_graphs is not None:
             logits = self.verify_graphs.verify(fwd, v["input_ids"], v["positions"])
         else:
             logits = self.model.forward_verify(v["input_ids"], v["positions"], md, self.pool)
         acc = greedy_accept(logits, v["input_ids"], v["targets"], v["num_draft"])
-        cmd = SpecCommitMetadata.evolve_from(
+        cmd = prepare_commit(
             md,
             accepted_index=acc.num_accepted,
             track_token=kernels.spec_track_token(v["seq_lens"], acc.num_accepted + 1, interval),

@@ -8,14 +8,16 @@ One speculative step of a decode row (the engine's :meth:`Runtime._verify
 2. **Verify**: one forward of ``T = 1 + max drafts`` tokens per row -- the row's pending
    token (sampled last step, not yet in the state) followed by its draft, padded to ``T``
    -- through :meth:`~hybridmeta.runtime.model.NemotronH.forward_verify`, planned by
-   :func:`plan_verify` into a target-verify ``ForwardMetadata`` (one host-to-device copy
-   for the metadata, the tokens and the acceptance inputs).
+   :func:`plan_spec_step` (the library planner's target-verify plan,
+   :func:`hybridmeta.planner.plan_verify_host`, plus the tokens and the acceptance
+   inputs: one host-to-device copy for all of them).
 3. **Accept** (device, greedy): :func:`greedy_accept` keeps the longest prefix of the
    draft that equals the target's choice at each position (the argmax, or a forced token);
    the target's choice after it is the bonus token. ``k`` accepted drafts give ``k + 1``
    new tokens and leave the state after column ``k`` to commit.
-4. **Commit**: ``SpecCommitMetadata.evolve_from(verify_md, accepted_index=k,
-   track_token=spec_track_token(...))`` and :func:`~hybridmeta.kernels.spec_commit_from_metadata`:
+4. **Commit**: ``prepare_commit(verify_md, accepted_index=k,
+   track_token=spec_track_token(...))`` (``SpecCommitMetadata.evolve_from``) and
+   :func:`~hybridmeta.kernels.spec_commit_from_metadata`:
    the working slot takes the state after column ``k``; a row whose accepted tokens cross a
    prefix-cache track boundary saves the state of exactly the boundary token into its
    track slot.
@@ -33,9 +35,9 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from hybridmeta.model import ForwardMetadata, Mamba2Metadata, prepare_target_verify
+from hybridmeta.planner import VerifyHostPlan, plan_verify_host
 
-__all__ = ["Accepted", "VerifyHostPlan", "greedy_accept", "ngram_draft", "plan_verify"]
+__all__ = ["Accepted", "SpecStepPlan", "greedy_accept", "ngram_draft", "plan_spec_step"]
 
 IntArray = npt.NDArray[np.int64]
 _P = "spec."  # key prefix of the staged arrays
@@ -67,51 +69,35 @@ def ngram_draft(
 
 
 @attrs.frozen(kw_only=True, eq=False)
-class VerifyHostPlan:
-    """A verify forward planned on the host; stage :attr:`arrays`, then :meth:`metadata`.
+class SpecStepPlan:
+    """A verify step planned on the host: the forward (the library planner's
+    :class:`~hybridmeta.planner.VerifyHostPlan`) and the runtime's own arrays, staged
+    together in one host-to-device copy (:attr:`staged_arrays`).
 
     Attributes
     ----------
+    verify : VerifyHostPlan
+        The verify forward's metadata plan.
     arrays : dict of str to numpy array
-        Int64 arrays keyed ``"spec.<name>"``: the forward's per-row fields, ``input_ids`` and
-        ``positions`` (``[B * T]``), ``targets`` (``[B, T]``, forced tokens or ``-1``),
-        ``num_draft`` and ``seq_lens`` (``[B]``).
-    num_rows, draft_token_num : int
-    track : bool
-        Track fields are present.
-    any_track : bool
-        Some row may cross a boundary this step (``has_mamba_track_mask``).
+        Int64 arrays keyed ``"spec.<name>"``: ``input_ids`` and ``positions`` (``[B * T]``),
+        ``targets`` (``[B * T]``, forced tokens or ``-1``), ``num_draft`` and ``seq_lens``
+        (``[B]``).
     """
 
+    verify: VerifyHostPlan
     arrays: dict[str, IntArray]
-    num_rows: int
-    draft_token_num: int
-    track: bool
-    any_track: bool
+
+    @property
+    def staged_arrays(self) -> dict[str, IntArray]:
+        """Everything to stage: the forward's arrays and the runtime's."""
+        return {**self.verify.arrays, **self.arrays}
 
     def views(self, staged: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The staged arrays by name (prefix removed)."""
+        """The runtime's staged arrays by name (prefix removed)."""
         return {k[len(_P) :]: t for k, t in staged.items() if k.startswith(_P)}
 
-    def forward(self, staged: Mapping[str, torch.Tensor]) -> ForwardMetadata:
-        """The verify forward's ``ForwardMetadata`` over the staged arrays."""
-        v = self.views(staged)
-        return ForwardMetadata(
-            query_start_loc=v["query_start_loc"],
-            mamba_cache_indices=v["slots"],
-            mamba_track_indices=v["track_slots"] if self.track else None,
-            mamba_track_mask=(v["track_mask"] != 0) if self.track else None,
-            has_mamba_track_mask=self.any_track,
-            is_target_verify=True,
-            draft_token_num=self.draft_token_num,
-        )
 
-    def metadata(self, staged: Mapping[str, torch.Tensor]) -> Mamba2Metadata:
-        """The verify forward's ``Mamba2Metadata`` (through ``prepare_target_verify``)."""
-        return prepare_target_verify(self.forward(staged))
-
-
-def plan_verify(
+def plan_spec_step(
     *,
     slots: Sequence[int],
     seq_lens: Sequence[int],
@@ -120,8 +106,8 @@ def plan_verify(
     num_draft: Sequence[int],
     track_mask: Sequence[bool] | None = None,
     track_slots: Sequence[int] | None = None,
-) -> VerifyHostPlan:
-    """Plan one verify forward from host data (no device work).
+) -> SpecStepPlan:
+    """Plan one verify step from host data (no device work).
 
     Parameters
     ----------
@@ -146,48 +132,35 @@ def plan_verify(
     """
     widths = {len(row) for row in tokens}
     if len(widths) > 1:
-        raise ValueError(f"plan_verify: tokens must be [B, T] (every row T tokens), got widths {sorted(widths)}")
+        raise ValueError(
+            f"plan_spec_step: tokens must be [B, T] (every row T tokens), got widths {sorted(widths)}"
+        )
     ids = np.asarray(tokens, dtype=np.int64)
     if ids.ndim != 2 or ids.shape[0] == 0 or ids.shape[1] == 0:
-        raise ValueError(f"plan_verify: tokens must be [B, T] with B, T >= 1, got {ids.shape}")
+        raise ValueError(f"plan_spec_step: tokens must be [B, T] with B, T >= 1, got {ids.shape}")
     bs, T = ids.shape
-    slot = np.asarray(slots, dtype=np.int64)
     pos0 = np.asarray(seq_lens, dtype=np.int64)
     nd = np.asarray(num_draft, dtype=np.int64)
     tgt = np.asarray(targets, dtype=np.int64)
-    for name, arr, shape in (("slots", slot, (bs,)), ("seq_lens", pos0, (bs,)),
-                             ("num_draft", nd, (bs,)), ("targets", tgt, (bs, T))):  # fmt: skip
+    for name, arr, shape in (("seq_lens", pos0, (bs,)), ("num_draft", nd, (bs,)),
+                             ("targets", tgt, (bs, T))):  # fmt: skip
         if arr.shape != shape:
-            raise ValueError(f"plan_verify: {name} must have shape {shape}, got {arr.shape}")
+            raise ValueError(f"plan_spec_step: {name} must have shape {shape}, got {arr.shape}")
     if (nd < 0).any() or (nd > T - 1).any():
-        raise ValueError(f"plan_verify: num_draft must lie in [0, T - 1 = {T - 1}]")
-    if (slot < 0).any() or np.unique(slot).shape[0] != bs:
-        raise ValueError("plan_verify: slots must be distinct working slots >= 0")
-    track = track_mask is not None
-    tmask = np.asarray(track_mask if track_mask is not None else [False] * bs, dtype=np.bool_)
-    tslots = np.asarray(track_slots if track_slots is not None else [-1] * bs, dtype=np.int64)
-    if (track_mask is None) != (track_slots is None) or tmask.shape != (bs,) or tslots.shape != (bs,):
-        raise ValueError("plan_verify: track_mask and track_slots come together, [B] each")
-    if (tslots[tmask] < 0).any() or np.isin(tslots[tmask], slot).any():
-        raise ValueError("plan_verify: a tracked row needs a track slot that is no working slot")
+        raise ValueError(f"plan_spec_step: num_draft must lie in [0, T - 1 = {T - 1}]")
+    verify = plan_verify_host(
+        slots=slots, draft_token_num=T, track_mask=track_mask, track_slots=track_slots
+    )
+    if verify.num_rows != bs:
+        raise ValueError(f"plan_spec_step: slots has {verify.num_rows} rows, tokens {bs}")
     arrays = {
-        "query_start_loc": np.arange(bs + 1, dtype=np.int64) * T,
-        "slots": slot,
-        "track_slots": np.where(tmask, tslots, -1),
-        "track_mask": tmask.astype(np.int64),
         "input_ids": ids.reshape(-1),
         "positions": (pos0[:, None] + np.arange(T, dtype=np.int64)[None, :]).reshape(-1),
         "targets": tgt.reshape(-1),
         "num_draft": nd,
         "seq_lens": pos0,
     }
-    return VerifyHostPlan(
-        arrays={_P + k: a for k, a in arrays.items()},
-        num_rows=bs,
-        draft_token_num=T,
-        track=track,
-        any_track=bool(tmask.any()),
-    )
+    return SpecStepPlan(verify=verify, arrays={_P + k: a for k, a in arrays.items()})
 
 
 @attrs.frozen(kw_only=True, eq=False)
