@@ -315,3 +315,49 @@ def test_spec_decode_on_cuda_graphs(cuda_models: dict[torch.dtype, NemotronH], d
     assert float(kl_hit.max() if dtype == torch.float32 else kl_hit.mean()) <= (
         1e-5 if dtype == torch.float32 else 5e-4
     )
+
+
+@pytest.mark.gpu
+def test_verify_accept_and_commit_do_not_sync_the_device(
+    cuda_models: dict[torch.dtype, NemotronH],
+) -> None:
+    """The device half of a speculative step (verify graph, acceptance, track column,
+    commit metadata and graph) reads no device value on the host."""
+    from hybridmeta.model import prepare_commit, prepare_target_verify
+    from hybridmeta.runtime.spec import plan_spec_step
+    from hybridmeta.staging import to_device_packed
+
+    model = cuda_models[torch.float32]
+    rt = Runtime(model, _opts(use_graphs=True, num_track=16, spec_tokens=3))
+    assert rt.verify_graphs is not None
+    sp = plan_spec_step(
+        slots=[0, 2], seq_lens=[14, 5], tokens=[[1, 2, 3, 4], [5, 6, 7, 7]],
+        targets=[[-1] * 4, [-1] * 4], num_draft=[3, 2], track_mask=[True, False],
+        track_slots=[4, -1],
+    )  # fmt: skip
+    staged = to_device_packed(sp.staged_arrays, rt.device)
+    v = sp.views(staged)
+    fwd = sp.verify.forward(staged)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        logits = rt.verify_graphs.verify(fwd, v["input_ids"], v["positions"])
+        acc = greedy_accept(logits, v["input_ids"], v["targets"], v["num_draft"])
+        cmd = prepare_commit(
+            prepare_target_verify(fwd),
+            accepted_index=acc.num_accepted,
+            track_token=kernels.spec_track_token(v["seq_lens"], acc.num_accepted + 1, 16),
+        )
+        rt.verify_graphs.commit(cmd)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    assert acc.choice.shape == (2, 4)
+    # row 0 crossed boundary 16 iff it accepted 2+ drafts: the track slot then holds the
+    # state after column 16 - 14 - 1 = 1
+    k0 = int(acc.num_accepted[0])
+    inter_conv, inter_ssm = rt.pool.verify_states(2, 4)
+    if k0 >= 1:
+        assert torch.equal(rt.pool.ssm[:, 4], inter_ssm[:, 0, 1])
+        assert torch.equal(rt.pool.conv[:, 4], inter_conv[:, 0, 1])
+    assert torch.equal(rt.pool.ssm[:, 0], inter_ssm[:, 0, k0])
