@@ -6,7 +6,8 @@
 #
 # Usage (repository root, on the GPU machine):
 #   OUT=/some/dir [HYBRIDMETA_PEERS=bundle] bash scripts/gpu_suite.sh [parts...]
-# parts: refusals tests sanitizer job bench realscale (default: all). Logs and JSON land in
+# parts: refusals tests sanitizer job bench realscale (default: all); spec (only the
+# speculative-decoding GPU tests and the main job: `tests` and `job` include them). Logs and JSON land in
 # $OUT (flat: the device tool brings back files two folders down at most).
 set -uo pipefail
 export PYTHONPATH=src:. PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
@@ -32,13 +33,21 @@ tests)
   HYPOTHESIS_PROFILE=thorough timeout ${THOROUGH_TIMEOUT:-200} python3 -m pytest -q -m gpu -p no:cacheprovider \
     tests/properties tests/graphs 2>&1 | tee "$OUT/gpu_tests_thorough.log" | tail -6
   HYPOTHESIS_PROFILE=ci timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q -m gpu -p no:cacheprovider \
-    tests/kernels tests/runtime tests/test_*.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -8
+    tests/kernels tests/runtime tests/examples tests/test_*.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -8
   ;;
 sanitizer)
   step "compute-sanitizer memcheck over the kernels' GPU tests"
   HYPOTHESIS_PROFILE=ci timeout ${SANITIZER_TIMEOUT:-150} compute-sanitizer --tool memcheck --target-processes all \
     python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels -k "not int32_offsets" 2>&1 \
     | tee "$OUT/sanitizer.log" | tail -4
+  ;;
+spec)
+  step "spec decode: (B, T) verify + commit replay machine on CUDA graphs, runtime spec decode (thorough)"
+  HYPOTHESIS_PROFILE=thorough timeout ${SPEC_TIMEOUT:-300} python3 -m pytest -q -m gpu -p no:cacheprovider \
+    tests/properties/test_graphs_spec_replay.py tests/runtime/test_spec.py \
+    2>&1 | tee "$OUT/gpu_spec.log" | tail -15
+  step "main job on CUDA (spec decode row included)"
+  timeout 180 python3 -m hybridmeta.cli --device cuda 2>&1 | tee "$OUT/main_job_cuda.log" | tail -30
   ;;
 job)
   step "main job on CUDA"

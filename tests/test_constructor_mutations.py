@@ -87,8 +87,9 @@ def _mutated_module(m: Mutant) -> types.ModuleType:
 
 def _planner_scenario(planner: Any) -> object:
     """A mixed forward with prefill rows (on-grid, off-grid and final boundaries) and a
-    decode row that reaches a boundary: every field of every constructor is exercised."""
-    return planner.plan_mixed_batch(
+    decode row that reaches a boundary, and a verify forward of trees with tracked rows:
+    every field of every constructor is exercised."""
+    mixed = planner.plan_mixed_batch(
         extend_lens=[5, 4, 3, 1],
         prefix_lens=[2, 1, 5, 7],
         slots=[0, 1, 2, 3],
@@ -99,6 +100,14 @@ def _planner_scenario(planner: Any) -> object:
         track_mask=[True, True, True, True],
         track_slots=[10, 11, 12, 13],
     )
+    verify = planner.plan_verify(
+        slots=[0, 1],
+        draft_token_num=3,
+        track_mask=[True, False],
+        track_slots=[10, -1],
+        retrieve_parent_token=torch.tensor([[-1, 0, 0], [-1, 0, 1]]),
+    )
+    return mixed, verify
 
 
 def _run_mutant(m: Mutant, monkeypatch: pytest.MonkeyPatch) -> object:
@@ -113,9 +122,13 @@ def _run_mutant(m: Mutant, monkeypatch: pytest.MonkeyPatch) -> object:
             mamba_cache_indices=torch.tensor([1, 2]),
             is_target_verify=True,
         )
+        verify = mod.prepare_target_verify(fwd)
+        commit = mod.prepare_commit(
+            verify, accepted_index=torch.tensor([0, 0]), track_token=torch.tensor([-1, -1])
+        )
         return out, mod.prepare_decode(
             mod.ForwardMetadata(query_start_loc=torch.arange(3), mamba_cache_indices=torch.arange(2))
-        ), mod.prepare_target_verify(fwd)
+        ), verify, commit
     if m.module == "planner.py":
         return _planner_scenario(mod)
     raise AssertionError(f"no scenario for {m.module}: add one for its constructor calls")
@@ -127,6 +140,9 @@ def test_the_data_path_constructors_are_found() -> None:
     assert ("planner.py", "Mamba2Metadata.evolve_from") in calls
     assert ("planner.py", "ChunkPlan") in calls
     assert ("model.py", "Mamba2Metadata.evolve_from") in calls
+    assert ("model.py", "SpecCommitMetadata.evolve_from") in calls
+    # the mixed and the verify forward
+    assert len({m.line for m in MUTANTS if (m.module, m.call) == ("planner.py", "ForwardMetadata")}) == 2
     # the runtime builds its metadata through the planner only: no constructor call there
     assert not any(m.module.startswith("runtime/") for m in MUTANTS)
     assert not any(m.module == "graphs/buffers.py" for m in MUTANTS)

@@ -43,8 +43,9 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import hybridmeta.kernels as K
-from hybridmeta import ForwardMetadata, prepare_decode
+from hybridmeta import TOKENS, ForwardMetadata, prepare_decode, prepare_target_verify
 from hybridmeta.graphs import EmulatedGraphBackend, GraphRunner, InputSpec, StaticBuffers
+from hybridmeta.model import SpecCommitMetadata
 from hybridmeta.planner import plan_host
 from hybridmeta.runtime.model import Forward, Mamba2Mixer, NemotronH
 from hybridmeta.runtime.state import StatePool
@@ -54,8 +55,11 @@ from hybridmeta.staging import to_device_packed
 ENTRIES = (
     "causal_conv1d_prefill", "ssd_chunked_scan", "extend_track_save",
     "causal_conv1d_update_from_metadata", "ssm_state_update_from_metadata",
-    "track_save_from_metadata",
+    "track_save_from_metadata", "conv_verify_update_from_metadata",
+    "ssm_verify_update_from_metadata", "spec_commit_from_metadata",
 )
+VERIFY = {"conv_verify_update_from_metadata", "ssm_verify_update_from_metadata",
+          "spec_commit_from_metadata"}
 seen = []
 for name in ENTRIES:
     def spy(*a, _orig=getattr(K, name), _name=name, **kw):
@@ -69,7 +73,8 @@ model = NemotronH(cfg).eval()
 mixer = next(b.mixer for b in model.layers if isinstance(b.mixer, Mamba2Mixer))
 SLOTS = 12
 pool = StatePool.allocate(cfg, num_working=8, num_track=4, max_len=64,
-                          device=torch.device("cpu"), dtype=torch.float32)
+                          device=torch.device("cpu"), dtype=torch.float32,
+                          verify_rows=4, verify_tokens=3)
 
 
 def layer(md, tokens):
@@ -154,6 +159,53 @@ def test_flow(data):
     runner.run(fwd, {"h": torch.randn(bs, cfg.hidden_size)})
     for m in captured:  # the captured metadata's views now hold the step's rows
         check(m, tag, epoch, gdn, bs)
+
+    # 4. eager speculative verify of T drafts per row, then its commit
+    seen.clear()
+    T = data.draw(st.integers(1, 3))
+    vfwd = ForwardMetadata(query_start_loc=torch.arange(bs + 1) * T,
+                           mamba_cache_indices=torch.arange(bs), is_target_verify=True,
+                           draft_token_num=T, **eng())
+    vmd = prepare_target_verify(vfwd)
+    with torch.no_grad():
+        mixer.forward(torch.randn(bs * T, cfg.hidden_size), Forward(md=vmd, pool=pool))
+    acc = torch.full((bs,), T - 1)
+    cmd = SpecCommitMetadata.evolve_from(vmd, accepted_index=acc, track_token=-torch.ones(bs, dtype=torch.int64))
+    K.spec_commit_from_metadata(cmd, pool.conv, pool.ssm, *pool.verify_states(bs, T))
+    for m in received(VERIFY):
+        check(m, tag, epoch, gdn, bs)
+
+    # 5. graph verify + commit: buffers bucketed over (B, T), declared from the schema alone
+    seen.clear()
+    common = dict(max_bs=4, num_slots=SLOTS, device="cpu", max_draft=3,
+                  static={"engine_epoch": epoch, "is_target_verify": True})
+    vbuf = StaticBuffers(inputs={"h": InputSpec((cfg.hidden_size,), torch.float32, rows=TOKENS)},
+                         **common)
+    cbuf = StaticBuffers(metadata_class=SpecCommitMetadata, **common)
+    for b in (vbuf, cbuf):
+        assert {"engine_row_tag", "mamba_cache_indices_gdn"} <= set(b.field_names)
+
+    def vstep(md, ins):
+        with torch.no_grad():
+            return {"y": mixer.forward(ins["h"], Forward(md=md, pool=pool))}
+
+    def cstep(md, ins):
+        K.spec_commit_from_metadata(md, pool.conv, pool.ssm,
+                                    *pool.verify_states(md.num_decodes, md.draft_token_num))
+        return {}
+
+    vrun = GraphRunner(vstep, vbuf, buckets=[4], draft_buckets=[T, 3] if T < 3 else [3],
+                       backend=EmulatedGraphBackend("cpu"))
+    crun = GraphRunner(cstep, cbuf, buckets=[4], draft_buckets=[T, 3] if T < 3 else [3],
+                       backend=EmulatedGraphBackend("cpu"))
+    vrun.capture()
+    crun.capture()
+    captured = received(VERIFY)
+    vrun.run(vfwd, {"h": torch.randn(bs * T, cfg.hidden_size)})
+    crun.run(cmd)
+    for m in captured:  # the captured (B, T) metadata's views now hold the step's rows
+        if m.draft_token_num == T:
+            check(m, tag, epoch, gdn, bs)
 
     # the new slot field is range-checked from its declaration
     bad = ForwardMetadata(query_start_loc=torch.arange(2), mamba_cache_indices=torch.tensor([0]),

@@ -31,10 +31,17 @@ from hybridmeta.model import (  # noqa: E402
     ForwardMetadata,
     Mamba2Metadata,
     MixedMetadata,
+    SpecCommitMetadata,
+    prepare_commit,
     prepare_decode,
     prepare_target_verify,
 )
-from hybridmeta.planner import MixedHostPlan, plan_host, plan_mixed_batch  # noqa: E402
+from hybridmeta.planner import (  # noqa: E402
+    MixedHostPlan,
+    plan_host,
+    plan_mixed_batch,
+    plan_verify,
+)
 
 __all__ = [
     "BATCH",
@@ -52,6 +59,7 @@ __all__ = [
     "PadRule",
     "Role",
     "Rows",
+    "SpecCommitMetadata",
     "check_values",
     "debug_mode",
     "field",
@@ -61,6 +69,8 @@ __all__ = [
     "metadata",
     "plan_host",
     "plan_mixed_batch",
+    "plan_verify",
+    "prepare_commit",
     "prepare_decode",
     "prepare_target_verify",
     "source_of",

@@ -4,11 +4,14 @@
 ``Mamba2Metadata`` derives from it and is built only through
 ``Mamba2Metadata.evolve_from`` (here: :func:`prepare_decode`, :func:`prepare_target_verify`
 and the mixed-batch planner, :mod:`hybridmeta.planner`), so every ``ForwardMetadata``
-field reaches the Mamba2 layers, including ones added later. Every tensor and flag a
+field reaches the Mamba2 layers, including ones added later (likewise
+:class:`SpecCommitMetadata`, through :func:`prepare_commit`). Every tensor and flag a
 Mamba2 entry point reads (prefill scan, prefill conv, extend track-save, decode update,
 conv update, decode track-save, verify) arrives inside one ``Mamba2Metadata``; the
 prefill-side plan is its nested :class:`MixedMetadata`, itself three nested plans
-(:class:`ChunkPlan`, :class:`ConvWindows`, :class:`ExtendTrackPlan`).
+(:class:`ChunkPlan`, :class:`ConvWindows`, :class:`ExtendTrackPlan`). The commit after a
+speculative verify reads :class:`SpecCommitMetadata`, derived in turn from the verify
+forward's ``Mamba2Metadata`` (``SpecCommitMetadata.evolve_from(verify_md, ...)``).
 
 Names follow sglang's ``ForwardMetadata`` / ``Mamba2Metadata`` so engine developers
 recognise them.
@@ -41,6 +44,8 @@ __all__ = [
     "ForwardMetadata",
     "Mamba2Metadata",
     "MixedMetadata",
+    "SpecCommitMetadata",
+    "prepare_commit",
     "prepare_decode",
     "prepare_target_verify",
 ]
@@ -445,4 +450,57 @@ def prepare_target_verify(fwd: ForwardMetadata) -> Mamba2Metadata:
         num_prefill_tokens=0,
         num_decodes=fwd.mamba_cache_indices.shape[0],
         mixed=None,
+    )
+
+
+@metadata
+class SpecCommitMetadata(Mamba2Metadata):
+    """What the commit after a speculative target-verify forward reads.
+
+    Built only through ``SpecCommitMetadata.evolve_from(verify_md, accepted_index=...,
+    track_token=...)`` from the verify forward's metadata (:func:`prepare_target_verify`),
+    so the working and track slots, the track mask, ``has_mamba_track_mask`` and
+    ``draft_token_num`` the commit reads are the ones the verify read. The two per-row
+    fields it adds are the engine's verdict on the draft, computed on the device after the
+    verify (acceptance, then :func:`hybridmeta.kernels.spec_track_token`); both are
+    required (no default can stand in for a verdict) and both are padded with ``-1``
+    (nothing to commit) in the pad rows of a graph bucket.
+    """
+
+    accepted_index: torch.Tensor = tensor_field(
+        rows=BATCH,
+        dtypes=INDEX,
+        pad=Pad.value(-1),
+        doc="[bs] draft column of each row's last accepted token, in [-1, draft_token_num) "
+        "(-1: none accepted, the working slot keeps its state). A chain of num_accepted "
+        "tokens: num_accepted - 1; a tree: the column of the accepted path's last token.",
+    )
+    track_token: torch.Tensor = tensor_field(
+        rows=BATCH,
+        dtypes=INDEX,
+        pad=Pad.value(-1),
+        doc="[bs] draft column whose state lands exactly on a prefix-cache track boundary "
+        "(-1: no boundary crossed by the accepted tokens). Read only when "
+        "has_mamba_track_mask is set, for rows flagged in mamba_track_mask.",
+    )
+
+    def __validate__(self) -> None:
+        Mamba2Metadata.__validate__(self)
+        if not self.is_target_verify:
+            raise ValueError(
+                "SpecCommitMetadata.is_target_verify must be set: a commit follows a "
+                "target-verify forward (evolve it from prepare_target_verify's metadata)"
+            )
+
+
+def prepare_commit(
+    verify: Mamba2Metadata, *, accepted_index: torch.Tensor, track_token: torch.Tensor
+) -> SpecCommitMetadata:
+    """Metadata of the commit after a target-verify forward (``verify``: its metadata).
+
+    ``accepted_index`` and ``track_token`` are the engine's ``[bs]`` verdict (see
+    :class:`SpecCommitMetadata`); everything else is the verify's.
+    """
+    return SpecCommitMetadata.evolve_from(
+        verify, accepted_index=accepted_index, track_token=track_token
     )

@@ -31,6 +31,13 @@ positive multiple of ``track_interval``) reached by its new tokens,
   logical chunk plus fewer than ``chunk_size`` tokens (``ExtendTrackPlan.recompute_*``).
 
 Rows that save record their track slot in ``mamba_track_indices``; the others hold ``-1``.
+
+A speculative target-verify forward (``draft_token_num`` tokens per row, every row a
+verify row) is planned by :func:`plan_verify_host` / :func:`plan_verify` the same way: host
+data in, one staged copy, ``prepare_target_verify`` out. Its track fields flag the rows
+that *may* cross a boundary with their draft: the commit after the verify
+(:func:`~hybridmeta.model.prepare_commit`) saves the boundary's state only when the
+accepted tokens reach it.
 """
 
 from __future__ import annotations
@@ -51,16 +58,25 @@ from hybridmeta.model import (
     Mamba2Metadata,
     MixedMetadata,
     prepare_decode,
+    prepare_target_verify,
 )
 from hybridmeta.staging import to_device_packed
 
-__all__ = ["MixedHostPlan", "plan_host", "plan_mixed_batch"]
+__all__ = [
+    "MixedHostPlan",
+    "VerifyHostPlan",
+    "plan_host",
+    "plan_mixed_batch",
+    "plan_verify",
+    "plan_verify_host",
+]
 
 IntArray = npt.NDArray[np.int64]
 IntLike = Sequence[int] | torch.Tensor | npt.NDArray[np.integer]
 BoolLike = Sequence[bool] | torch.Tensor | npt.NDArray[np.bool_]
 
 _P = "hybridmeta."  # key prefix of the planner's staged arrays
+_PV = "hybridmeta.verify."  # ... of a verify plan's
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -488,3 +504,133 @@ def plan_mixed_batch(
         track_slots=track_slots,
     )
     return hp.metadata(to_device_packed(hp.arrays, torch.device(device)))
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class VerifyHostPlan:
+    """A target-verify forward planned on the host; :meth:`metadata` builds it from staged
+    views.
+
+    Attributes
+    ----------
+    arrays : dict of str to numpy array
+        The forward's per-row arrays (int64), keyed ``"hybridmeta.verify.<name>"``; stage
+        them with :func:`~hybridmeta.staging.to_device_packed`, with the engine's own.
+    num_rows, draft_token_num : int
+    track : bool
+        Track fields are present (``track_mask`` was given).
+    any_track : bool
+        Some row may cross a boundary (``has_mamba_track_mask``).
+    """
+
+    arrays: dict[str, IntArray]
+    num_rows: int
+    draft_token_num: int
+    track: bool
+    any_track: bool
+
+    def forward(self, views: Mapping[str, torch.Tensor], **engine: object) -> ForwardMetadata:
+        """The verify forward's ``ForwardMetadata`` over staged ``views`` of :attr:`arrays`.
+
+        ``engine`` passes further ``ForwardMetadata`` fields (a tree:
+        ``retrieve_parent_token``, ``retrieve_next_token``, ``retrieve_next_sibling``, each
+        ``[num_rows, draft_token_num]``) through the same constructor.
+        """
+        v = {k[len(_PV) :]: t for k, t in views.items() if k.startswith(_PV)}
+        if "slots" not in v:
+            raise ValueError(
+                "VerifyHostPlan: views must hold the staged VerifyHostPlan.arrays (keys "
+                f"'{_PV}<name>'); got {sorted(views)[:4]}"
+            )
+        track = self.track
+        return ForwardMetadata(
+            query_start_loc=v["query_start_loc"],
+            mamba_cache_indices=v["slots"],
+            mamba_track_indices=v["track_slots"] if track else None,
+            mamba_track_mask=(v["track_mask"] != 0) if track else None,
+            has_mamba_track_mask=self.any_track,
+            is_target_verify=True,
+            draft_token_num=self.draft_token_num,
+            **engine,  # type: ignore[arg-type]
+        )
+
+    def metadata(self, views: Mapping[str, torch.Tensor], **engine: object) -> Mamba2Metadata:
+        """The verify forward's ``Mamba2Metadata`` (:func:`~hybridmeta.model.prepare_target_verify`)."""
+        return prepare_target_verify(self.forward(views, **engine))
+
+
+def plan_verify_host(
+    *,
+    slots: IntLike,
+    draft_token_num: int,
+    track_mask: BoolLike | None = None,
+    track_slots: IntLike | None = None,
+) -> VerifyHostPlan:
+    """Plan a speculative target-verify forward from host data (no device work).
+
+    Parameters
+    ----------
+    slots : sequence of int or CPU tensor
+        ``[bs]`` working slot of each row (distinct, >= 0); every row verifies
+        ``draft_token_num`` tokens.
+    draft_token_num : int
+        Tokens per row (the pending token and its draft), ``>= 1``.
+    track_mask, track_slots : optional
+        ``[bs]`` rows that may cross a track boundary with their tokens, and the track slot
+        each reserved (not a working slot of this batch). The commit decides from the
+        accepted tokens whether (and from which column) the boundary is saved.
+
+    Raises
+    ------
+    ValueError
+        The message names the argument and the rule.
+    """
+    if isinstance(draft_token_num, bool) or not isinstance(draft_token_num, int) or draft_token_num < 1:
+        raise ValueError(f"plan_verify: draft_token_num must be an int >= 1, got {draft_token_num!r}")
+    slt = _host_ints("slots", slots)
+    n = slt.shape[0]
+    if n == 0:
+        raise ValueError("plan_verify: the batch has no rows")
+    if (slt < 0).any() or np.unique(slt).shape[0] != n:
+        raise ValueError("plan_verify: slots must be distinct working slots >= 0 (live rows only)")
+    if (track_mask is None) != (track_slots is None):
+        raise ValueError("plan_verify: track_mask and track_slots are given together")
+    tmask = np.zeros(n, dtype=np.bool_)
+    tslots = np.full(n, -1, dtype=np.int64)
+    if track_mask is not None and track_slots is not None:
+        tmask = _host_bools("track_mask", track_mask)
+        tslots = _host_ints("track_slots", track_slots)
+        _check_track(tmask, tslots, slt)
+    arrays = {
+        "query_start_loc": np.arange(n + 1, dtype=np.int64) * draft_token_num,
+        "slots": slt,
+        "track_slots": np.where(tmask, tslots, -1),
+        "track_mask": tmask.astype(np.int64),
+    }
+    return VerifyHostPlan(
+        arrays={_PV + k: a for k, a in arrays.items()},
+        num_rows=n,
+        draft_token_num=draft_token_num,
+        track=track_mask is not None,
+        any_track=bool(tmask.any()),
+    )
+
+
+def plan_verify(
+    *,
+    slots: IntLike,
+    draft_token_num: int,
+    track_mask: BoolLike | None = None,
+    track_slots: IntLike | None = None,
+    device: torch.device | str = "cpu",
+    **engine: object,
+) -> Mamba2Metadata:
+    """:func:`plan_verify_host`, then one staged copy to ``device``: the verify forward's
+    metadata (``engine``: further ``ForwardMetadata`` fields, e.g. a tree)."""
+    hp = plan_verify_host(
+        slots=slots,
+        draft_token_num=draft_token_num,
+        track_mask=track_mask,
+        track_slots=track_slots,
+    )
+    return hp.metadata(to_device_packed(hp.arrays, torch.device(device)), **engine)

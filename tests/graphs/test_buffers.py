@@ -112,14 +112,19 @@ def test_views_are_the_same_storage_every_step() -> None:
 
 
 def test_every_per_row_field_is_buffered() -> None:
-    # Declared from the metadata classes: every per-row field gets a buffer by default.
+    # Declared from the metadata classes: every per-row field gets a buffer by default,
+    # except an optional one whose None no pad can stand for (a tree's parents: None means
+    # chains, the pad -1 would mean roots), which a step must then always give.
     buffers = StaticBuffers(max_bs=2, num_slots=4, device="cpu")
     per_row = {s.name for s in fields_of(ForwardMetadata) if s.per_row}
-    assert set(buffers.field_names) == per_row
+    assert set(buffers.field_names) == per_row - {"retrieve_parent_token"}
     # the subsumed flag is captured True because every field it governs is buffered
     assert buffers.static["has_mamba_track_mask"] is True
-    partial = _buffers(optional_fields=("mamba_track_mask",))
+    partial = _buffers(optional_fields=())
     assert partial.static["has_mamba_track_mask"] is False
+    # Buffering half of a governed pair builds no valid metadata: refused at construction.
+    with pytest.raises(ValueError, match="given together or not at all"):
+        _buffers(optional_fields=("mamba_track_mask",))
 
 
 def test_optional_field_left_none_is_padded_over_the_bucket() -> None:
@@ -157,8 +162,9 @@ def test_target_verify_buffers_per_token_inputs_and_tree_fields() -> None:
         max_bs=4,
         num_slots=8,
         device="cpu",
+        max_draft=3,
         optional_fields=("retrieve_next_token",),
-        static={"is_target_verify": True, "draft_token_num": 3},
+        static={"is_target_verify": True},
         inputs={"h": InputSpec((1,), torch.float32, rows=TOKENS, pad=0.5)},
     )
     step = ForwardMetadata(
@@ -414,7 +420,9 @@ def test_cuda_without_cuda_is_refused_with_our_message() -> None:
         ({"index_dtype": torch.float32}, "index_dtype must be int32 or int64"),
         ({"optional_fields": ("query_start_loc",)}, "not an optional per-row field"),
         ({"static": {"nope": 1}}, "unknown"),
-        ({"static": {"draft_token_num": 0}}, "draft_token_num must be an int >= 1"),
+        ({"max_draft": 0}, "max_draft must be an int > 0"),
+        ({"static": {"draft_token_num": 2}}, "draft columns are a bucket dimension"),
+        ({"max_draft": 2}, "draft_token_num is 2 but is_target_verify is False"),
         ({"slot_table": torch.tensor([0, SLOTS])}, "slot_table maps to slots outside"),
         ({"slot_table": torch.tensor([0], dtype=torch.int32)}, "slot_table must be 1-D"),
         ({"inputs": {"mamba_cache_indices": InputSpec((1,), torch.float32)}}, "collides"),

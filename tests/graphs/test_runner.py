@@ -153,7 +153,8 @@ def test_target_verify_runner_slices_per_token_outputs() -> None:
         max_bs=4,
         num_slots=8,
         device="cpu",
-        static={"is_target_verify": True, "draft_token_num": draft},
+        max_draft=draft,
+        static={"is_target_verify": True},
         inputs={"h": InputSpec((2,), torch.float32, rows=TOKENS)},
     )
 
@@ -162,7 +163,7 @@ def test_target_verify_runner_slices_per_token_outputs() -> None:
         slots = md.mamba_cache_indices.repeat_interleave(md.draft_token_num)
         return {"tok": ins["h"] + slots[:, None], "row": md.mamba_cache_indices * 10}
 
-    runner = GraphRunner(step, buffers, buckets=(2, 4))
+    runner = GraphRunner(step, buffers, buckets=(2, 4), draft_buckets=(draft,))
     runner.capture()
     fwd = ForwardMetadata(
         query_start_loc=torch.tensor([0, 3]),

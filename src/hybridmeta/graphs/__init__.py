@@ -1,6 +1,7 @@
 """Static CUDA-graph buffers, the capture/replay runner, and the CPU graph emulation."""
 
 from hybridmeta.graphs.buffers import (
+    Bucket,
     InputSpec,
     StaticBuffers,
     bucket_for,
@@ -17,6 +18,7 @@ from hybridmeta.graphs.capture import (
 from hybridmeta.graphs.runner import GraphRunner, StepFn
 
 __all__ = [
+    "Bucket",
     "CapturedGraph",
     "CudaGraphBackend",
     "EmulatedGraphBackend",

@@ -5,6 +5,13 @@ allocated once for ``max_bs`` rows; a step with ``bs`` live rows, replayed by th
 bucket ``B >= bs``, needs rows ``[0:bs)`` to hold the step's values and rows ``[bs:B)`` to
 hold padding that makes the kernels do nothing. Rows ``[B:max_bs)`` must never be read.
 
+A speculative target-verify forward has a second bucket dimension: ``T`` draft columns
+per row. A bucket is then ``(B, T)``: fields with declared columns (``cols=``, e.g.
+``retrieve_parent_token``) are ``[max_bs, max_draft]`` buffers handed out as ``[:B, :T]``
+views, per-token inputs (``TOKENS`` rows) have ``B * T`` rows laid out row after row,
+offsets have ``T`` tokens per live row. A step with ``t <= T`` live columns has its
+columns ``[t:T)`` padded as its pad rows are, from the declarations.
+
 :class:`StaticBuffers` is declared from the metadata classes themselves: one buffer per
 per-row field of :class:`~hybridmeta.model.ForwardMetadata` (``rows`` ``BATCH`` or
 ``BATCH + 1``), padded with the field's declared :class:`~hybridmeta.core.PadRule`. A new
@@ -16,9 +23,11 @@ sglang #32555) unrepresentable through this API.
 
 Everything here follows the declarations (:func:`hybridmeta.core.fields_of`): which fields
 are buffered (per-row ``BATCH`` rows), their pad (``PadRule``), their trailing columns
-(``cols``), which carry slot ids and which of those are translated (``Role``), which host
-flag a captured value subsumes (``Role.SUBSUMED_FLAG``). A new per-row field of
-``ForwardMetadata`` needs no edit here. Virtual-to-physical slot translation happens in
+(``cols``, and the host field that counts them: the draft dimension), which carry slot ids
+and which of those are translated (``Role``), which host flag a captured value subsumes
+(``Role.SUBSUMED_FLAG``), which optional fields a pad can stand in for. A new per-row field
+of ``ForwardMetadata``, or of a class derived from ``Mamba2Metadata`` (the commit's
+``SpecCommitMetadata``: ``metadata_class=``), needs no edit here. Virtual-to-physical slot translation happens in
 exactly one place, :meth:`StaticBuffers._write_live`, for the fields whose role is
 translated (``Role.WORKING_SLOT``).
 
@@ -38,19 +47,33 @@ from typing import Any, Final
 import attrs
 import torch
 
-from hybridmeta.core import BATCH, INDEX, TOKENS, Dim, FieldSpec, Role, check_values, fields_of
+from hybridmeta.core import (
+    BATCH,
+    INDEX,
+    TOKENS,
+    Dim,
+    FieldSpec,
+    Role,
+    check_values,
+    fields_of,
+    source_of,
+)
 from hybridmeta.debug import is_debug
 from hybridmeta.graphs.capture import canonical_device
 from hybridmeta.model import ForwardMetadata, Mamba2Metadata, prepare_decode, prepare_target_verify
 
 __all__ = [
+    "Bucket",
     "InputSpec",
     "StaticBuffers",
     "bucket_for",
     "default_buckets",
 ]
 
-#: Bound on cached refresh plans (one per bs, bucket and optional-field presence).
+#: A captured shape: ``(B, T)``, request rows and draft columns per row.
+Bucket = tuple[int, int]
+
+#: Bound on cached refresh plans (one per bs, t, bucket and optional-field presence).
 _MAX_PLANS: Final = 8192
 
 
@@ -76,10 +99,12 @@ class InputSpec:
         Trailing shape of one row.
     dtype : torch.dtype
         Required dtype of the live input.
-    rows : str
-        ``BATCH`` (one row per request) or ``TOKENS`` (``draft_token_num`` per request).
+    rows : Dim
+        ``BATCH`` (one row per request) or ``TOKENS`` (``T`` per request: ``B * T`` rows,
+        row after row).
     pad : int, float or bool
-        Value written into padded rows (defined input for the pad rows' outputs).
+        Value written into padded rows and padded draft columns (defined input for their
+        outputs).
     """
 
     shape: tuple[int, ...]
@@ -96,24 +121,28 @@ def _err(name: str, rule: str) -> ValueError:
     return ValueError(f"StaticBuffers.refresh: {name} {rule}")
 
 
+# A live destination of a refresh: (is_input, name, shape the source is viewed as or None).
+_Live = tuple[bool, str, tuple[int, ...] | None]
+
+
 class _CopyGroup:
     """One ``torch._foreach_copy_`` of a refresh: every destination of one dtype.
 
     ``dsts`` are fixed views of the static buffers: first the live rows of the fields named
-    in ``live`` (``(is_input, name)``), in order, then the padded rows, whose sources
-    ``pads`` are fixed views of constant pad tensors. Only the live sources change per step.
+    in ``live``, in order, then the padded rows and columns, whose sources ``pads`` are
+    fixed views of constant pad tensors. Only the live sources change per step.
     """
 
     __slots__ = ("dsts", "live", "pads")
 
     def __init__(self) -> None:
         self.dsts: list[torch.Tensor] = []
-        self.live: list[tuple[bool, str]] = []
+        self.live: list[_Live] = []
         self.pads: list[torch.Tensor] = []
 
 
 class _Plan:
-    """Everything a refresh of ``bs`` rows into bucket ``B`` writes, as cached views."""
+    """Everything a refresh of ``bs`` rows of ``t`` columns into bucket ``(B, T)`` writes."""
 
     __slots__ = ("groups", "translate")
 
@@ -123,29 +152,58 @@ class _Plan:
         self.translate: list[tuple[str, torch.Tensor]] = []
 
 
+def _chain(metadata_class: type) -> tuple[type, ...]:
+    """The metadata classes from ``Mamba2Metadata`` down to ``metadata_class``."""
+    chain: list[type] = []
+    cls: type | None = metadata_class
+    while cls is not None and cls is not Mamba2Metadata:
+        chain.append(cls)
+        cls = source_of(cls)
+    if cls is None:
+        raise ValueError(
+            f"StaticBuffers: metadata_class must be Mamba2Metadata or a class derived from it, "
+            f"got {metadata_class.__qualname__}"
+        )
+    return (Mamba2Metadata, *reversed(chain))
+
+
 class StaticBuffers:
-    """Static metadata and input buffers of a decode CUDA-graph runner.
+    """Static metadata and input buffers of a decode (or target-verify) CUDA-graph runner.
 
     Parameters
     ----------
     max_bs : int
         Largest batch (request rows) any captured graph serves. Buffers of ``BATCH``
-        fields have ``max_bs`` rows, ``query_start_loc`` has ``max_bs + 1``, per-token
-        inputs have ``max_bs * draft_token_num``.
+        fields have ``max_bs`` rows, ``query_start_loc`` has ``max_bs + 1``, fields with
+        draft columns ``max_draft`` columns, per-token inputs ``max_bs * max_draft`` rows.
     num_slots : int
         Size of the state pool: live slot ids must lie in ``[0, num_slots)``.
     device : torch.device or str
         Device of the buffers; live tensors must be on it.
+    max_draft : int
+        Widest draft bucket ``T`` (the column-count host field, ``draft_token_num``, is a
+        bucket dimension, not a frozen value). ``1`` for decode; a target-verify forward
+        (``static={"is_target_verify": True}``) may have more.
+    metadata_class : type
+        ``Mamba2Metadata`` (default) or a class derived from it whose added fields are all
+        per-row tensors (``SpecCommitMetadata``): they are buffered too, and each step is
+        then a live instance of that class (``metadata_class.evolve_from(...)`` of the
+        step's rows).
     optional_fields : collection of str, optional
-        Optional per-row ``ForwardMetadata`` fields to buffer (default: every one). A step
-        that sets an optional per-row field not buffered here is refused, so no field is
-        silently dropped; a buffered optional field that a step leaves ``None`` is padded
-        over the whole bucket.
+        Optional per-row fields to buffer (default: every one whose ``None`` a pad can stand
+        for: ``Role.ENGINE_ONLY`` fields, slot fields and track masks, whose pad means
+        "nothing", and fields governed by a ``Role.SUBSUMED_FLAG``).
+        A step that sets an optional field not buffered here is refused, so no field is
+        silently dropped. A buffered field that a step leaves ``None`` is padded over the
+        whole bucket if a pad can stand for its ``None``; any other buffered field (a
+        tree, ``retrieve_parent_token``: ``None`` means chains, a pad ``-1`` would mean
+        roots) must be given by every step.
     static : mapping of str to object
         Values of the non-tensor ``ForwardMetadata`` fields fixed at capture (default: the
         declared defaults, and ``True`` for a ``Role.SUBSUMED_FLAG`` whose governed fields
         are all buffered). A step whose host values differ is refused: the graph would not
         do what the step asks; a subsumed flag captured ``True`` also serves ``False``.
+        The column-count field is not static (see ``max_draft``).
     index_dtype : torch.dtype
         Dtype of the index buffers (live index tensors must match it exactly).
     inputs : mapping of str to InputSpec
@@ -162,6 +220,8 @@ class StaticBuffers:
         max_bs: int,
         num_slots: int,
         device: torch.device | str,
+        max_draft: int = 1,
+        metadata_class: type[Mamba2Metadata] = Mamba2Metadata,
         optional_fields: Collection[str] | None = None,
         static: Mapping[str, object] | None = None,
         index_dtype: torch.dtype = torch.int64,
@@ -172,59 +232,94 @@ class StaticBuffers:
             raise ValueError(f"StaticBuffers: max_bs must be an int > 0, got {max_bs!r}")
         if isinstance(num_slots, bool) or not isinstance(num_slots, int) or num_slots <= 0:
             raise ValueError(f"StaticBuffers: num_slots must be an int > 0, got {num_slots!r}")
+        if isinstance(max_draft, bool) or not isinstance(max_draft, int) or max_draft <= 0:
+            raise ValueError(f"StaticBuffers: max_draft must be an int > 0, got {max_draft!r}")
         if index_dtype not in INDEX:
             raise ValueError(
                 f"StaticBuffers: index_dtype must be int32 or int64, got {index_dtype}"
             )
         self.max_bs = max_bs
+        self.max_draft = max_draft
         self.num_slots = num_slots
         self.device = _usable_device(device)
         self.index_dtype = index_dtype
+        self.metadata_class = metadata_class
+        self._chain = _chain(metadata_class)
+        self._step_class: type[ForwardMetadata] = (
+            ForwardMetadata if metadata_class is Mamba2Metadata else metadata_class
+        )
 
-        specs = fields_of(ForwardMetadata)
+        root = fields_of(ForwardMetadata)
+        # Mamba2Metadata's own fields are computed from the rows (prepare_decode /
+        # prepare_target_verify); fields added below it must be per-row tensors.
+        computed = {s.name for s in fields_of(Mamba2Metadata)}
+        added = tuple(s for s in fields_of(metadata_class) if s.name not in computed)
+        for s in added:
+            if not s.per_row:
+                raise ValueError(
+                    f"StaticBuffers: {s.owner}.{s.name} is not a per-row tensor field; a "
+                    "class derived from Mamba2Metadata can be buffered only if every field it "
+                    "adds is one"
+                )
+        specs = root + added
         by_name = {s.name: s for s in specs}
+        col_fields = sorted({s.cols for s in specs if s.cols is not None})
+        if len(col_fields) > 1:
+            raise ValueError(
+                f"StaticBuffers: one draft dimension is supported, the fields declare columns "
+                f"from {col_fields}"
+            )
+        self._col_field: str | None = col_fields[0] if col_fields else None
+        if self._col_field is None and max_draft != 1:
+            raise ValueError("StaticBuffers: max_draft > 1 but no field declares columns")
+        subsumed = {s.name for s in specs if s.role is Role.SUBSUMED_FLAG}
+        # Optional fields whose None a pad can stand for: no layer reads them
+        # (ENGINE_ONLY), their pad means "nothing" by their role (a slot field's -1, a
+        # track mask's False), or a subsumed flag masks their work off when they are None.
+        # A DATA field's pad is a value (a tree's -1 is a root, its None a chain): never.
+        padded_none = (
+            {g for s in specs if s.role is Role.SUBSUMED_FLAG for g in s.governs}
+            | {s.name for s in specs if s.role is Role.ENGINE_ONLY}
+            | {s.name for s in specs if s.role.is_slot or s.role is Role.TRACK_MASK}
+        )
         if optional_fields is None:
-            optional_fields = tuple(s.name for s in specs if s.per_row and s.optional)
+            optional_fields = tuple(
+                s.name for s in specs if s.per_row and s.optional and s.name in padded_none
+            )
         for name in optional_fields:
             spec = by_name.get(name)
             if spec is None or not spec.per_row or not spec.optional:
                 raise ValueError(
                     f"StaticBuffers: optional_fields entry {name!r} is not an optional per-row "
-                    "field of ForwardMetadata"
+                    f"field of {metadata_class.__qualname__}"
                 )
         self._buffered: tuple[FieldSpec, ...] = tuple(
             s for s in specs if s.per_row and (not s.optional or s.name in optional_fields)
         )
-        self._static = self._static_values(specs, dict(static or {}), self._buffered)
-        draft = self._static["draft_token_num"]
-        if isinstance(draft, bool) or not isinstance(draft, int) or draft < 1:
-            raise ValueError(
-                f"StaticBuffers: static draft_token_num must be an int >= 1, got {draft!r}"
-            )
-        self.draft_token_num = draft
+        self._static = self._static_values(root, dict(static or {}), self._buffered)
         self.is_target_verify = bool(self._static["is_target_verify"])
-        self.max_tokens = max_bs * self.draft_token_num
-        self._subsumed = frozenset(s.name for s in specs if s.role is Role.SUBSUMED_FLAG)
+        self.max_tokens = max_bs * max_draft
+        self._subsumed = frozenset(subsumed)
         self._translated = tuple(s.name for s in self._buffered if s.role.translated)
+        # Buffered optional fields whose None no pad can stand for: every step gives them.
+        self._required_present = tuple(
+            s.name for s in self._buffered if s.optional and s.name not in padded_none
+        )
 
         self._inputs: dict[str, InputSpec] = dict(inputs or {})
-        # rows_of(name, b) = b * scale + extra, for every buffer (read per step for inputs).
-        self._row_rule: dict[str, tuple[int, int]] = {
-            s.name: (1, s.rows.offset if s.rows is not None else 0) for s in self._buffered
-        }
-        for name, ispec in self._inputs.items():
-            if name in self._row_rule:
+        for name in self._inputs:
+            if name in by_name:
                 raise ValueError(f"StaticBuffers: input {name!r} collides with a metadata field")
-            self._row_rule[name] = (1 if ispec.rows == BATCH else self.draft_token_num, 0)
 
         self._buffers: dict[str, torch.Tensor] = {}
         # Constant pad sources, so padding joins the refresh's foreach copies.
         self._pad_src: dict[str, torch.Tensor] = {}
+        self._cumulative: dict[tuple[str, int], torch.Tensor] = {}
         for spec in self._buffered:
             self._allocate_field(spec)
         for name, ispec in self._inputs.items():
             self._buffers[name] = torch.full(
-                (self.rows_of(name, max_bs), *ispec.shape),
+                (self.rows_of(name, (max_bs, max_draft)), *ispec.shape),
                 ispec.pad,
                 dtype=ispec.dtype,
                 device=self.device,
@@ -241,28 +336,39 @@ class StaticBuffers:
             s.name for s in specs if s.is_tensor and s not in self._buffered
         )
         self._field_dtypes = tuple((s.name, self._buffers[s.name].dtype) for s in self._buffered)
-        self._plans: dict[tuple[int, int, tuple[bool, ...]], _Plan] = {}
-        self._views: dict[int, tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]] = {}
-        self._metadata: dict[int, Mamba2Metadata] = {}
+        self._plans: dict[tuple[int, int, int, int, tuple[bool, ...]], _Plan] = {}
+        self._views: dict[Bucket, tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]] = {}
+        self._metadata: dict[Bucket, Mamba2Metadata] = {}
+        # Build the widest bucket's metadata once: a configuration the declarations refuse
+        # (max_draft > 1 without is_target_verify, ...) fails here, not at capture.
+        self._construct((1, max_draft))
 
     # ------------------------------------------------------------------ construction
 
-    @staticmethod
     def _static_values(
-        specs: tuple[FieldSpec, ...],
+        self,
+        host_specs: tuple[FieldSpec, ...],
         given: dict[str, object],
         buffered: tuple[FieldSpec, ...],
     ) -> dict[str, object]:
-        host = [s for s in specs if not s.is_tensor]
+        host = [s for s in host_specs if not s.is_tensor]
         unknown = set(given) - {s.name for s in host}
         if unknown:
             raise ValueError(
                 f"StaticBuffers: static names non-tensor ForwardMetadata fields only; unknown "
                 f"{sorted(unknown)} (known: {[s.name for s in host]})"
             )
+        if self._col_field is not None and self._col_field in given:
+            raise ValueError(
+                f"StaticBuffers: static {self._col_field!r}: draft columns are a bucket "
+                "dimension of the buffers, not a frozen value; pass max_draft (the widest "
+                "bucket) and capture one graph per draft length"
+            )
         names = {b.name for b in buffered}
         out: dict[str, object] = {}
         for spec in host:
+            if spec.name == self._col_field:
+                continue
             if spec.name in given:
                 out[spec.name] = given[spec.name]
             elif spec.role is Role.SUBSUMED_FLAG:
@@ -282,31 +388,36 @@ class StaticBuffers:
             dtype = self.index_dtype
         else:
             dtype = spec.dtypes[0]
-        rows = self.rows_of(spec.name, self.max_bs)
-        trailing = self._trailing(spec)
+        rows = self.rows_of(spec.name, (self.max_bs, self.max_draft))
+        if spec.cols is not None:
+            trailing: tuple[int, ...] = (self.max_draft,)
+        elif spec.ndim is not None and spec.ndim > 1:
+            raise ValueError(
+                f"StaticBuffers: per-row field {spec.name!r} has {spec.ndim} dimensions but "
+                "declares no cols: its buffer shape is unknown"
+            )
+        else:
+            trailing = ()
+        if spec.role.translated and trailing:
+            raise ValueError(
+                f"StaticBuffers: translated slot field {spec.name!r} must have one slot per row"
+            )
         fill = 0 if spec.pad.value is None else spec.pad.value
         buf = torch.full((rows, *trailing), fill, dtype=dtype, device=self.device)
         self._buffers[spec.name] = buf
         if spec.pad.value is not None:
             self._pad_src[spec.name] = buf.clone()
-        else:
-            # Cumulative: row b of the table is a whole padded offsets array for bs = b
-            # decode rows of draft_token_num tokens: table[b, i] = min(i, b) * draft.
-            i = torch.arange(rows, dtype=dtype)
-            table = torch.minimum(i[None, :], i[:, None]) * self.draft_token_num
-            self._pad_src[spec.name] = table.to(self.device)
 
-    def _trailing(self, spec: FieldSpec) -> tuple[int, ...]:
-        if spec.cols is not None:
-            cols = self._static[spec.cols]
-            assert isinstance(cols, int)
-            return (cols,)
-        if spec.ndim is not None and spec.ndim > 1:
-            raise ValueError(
-                f"StaticBuffers: per-row field {spec.name!r} has {spec.ndim} dimensions but "
-                "declares no cols: its buffer shape is unknown"
-            )
-        return ()
+    def _cumulative_table(self, name: str, T: int) -> torch.Tensor:
+        # Row b of the table is a whole padded offsets array for b live rows of T tokens
+        # each: table[b, i] = min(i, b) * T.
+        table = self._cumulative.get((name, T))
+        if table is None:
+            rows = self._buffers[name].shape[0]
+            i = torch.arange(rows, dtype=self._buffers[name].dtype)
+            table = (torch.minimum(i[None, :], i[:, None]) * T).to(self.device)
+            self._cumulative[(name, T)] = table
+        return table
 
     def _check_slot_table(self, table: torch.Tensor) -> torch.Tensor:
         # Setup time, not the hot path: reading the table once is acceptable.
@@ -338,17 +449,37 @@ class StaticBuffers:
         """Host-side metadata values fixed at capture."""
         return dict(self._static)
 
-    def rows_of(self, name: str, bucket: int) -> int:
-        """Rows of ``name``'s view for ``bucket`` (``B``, ``B + 1`` or ``B * draft_token_num``)."""
-        scale, extra = self._row_rule[name]
-        return bucket * scale + extra
+    def key(self, bucket: int | Bucket) -> Bucket:
+        """``(B, T)`` of a bucket; a bare ``B`` is ``(B, max_draft)``."""
+        if isinstance(bucket, tuple):
+            rows, cols = bucket
+            return (int(rows), int(cols))
+        return (int(bucket), self.max_draft)
+
+    def draft_columns(self, step: ForwardMetadata) -> int:
+        """Draft columns ``t`` of a step (its column-count field; 1 without one)."""
+        if self._col_field is None:
+            return 1
+        t = getattr(step, self._col_field)
+        assert isinstance(t, int)
+        return t
+
+    def rows_of(self, name: str, bucket: int | Bucket) -> int:
+        """Rows of ``name``'s view for ``bucket``: ``B``, ``B + 1`` or ``B * T`` (per token)."""
+        rows, cols = self.key(bucket)
+        ispec = self._inputs.get(name)
+        if ispec is not None:
+            return rows * cols if ispec.rows == TOKENS else rows
+        spec = next(s for s in self._buffered if s.name == name)
+        assert spec.rows is not None
+        return spec.rows.of(rows)
 
     # ------------------------------------------------------------------ the step path
 
     def refresh(
         self,
         step: ForwardMetadata,
-        bucket: int,
+        bucket: int | Bucket,
         inputs: Mapping[str, torch.Tensor] | None = None,
     ) -> Mamba2Metadata:
         """Write one step's live rows and the pad in place; return bucket-sized metadata.
@@ -356,19 +487,24 @@ class StaticBuffers:
         Parameters
         ----------
         step : ForwardMetadata
-            The step's live rows (``bs`` of them), on this buffer's device, index dtype
-            ``index_dtype``. Translated slot fields (``Role.WORKING_SLOT``) hold virtual ids
-            when a slot table was given.
-        bucket : int
-            Captured batch size ``B``, ``bs <= B <= max_bs``.
+            The step's live rows (``bs`` of them, ``t`` draft columns), on this buffer's
+            device, index dtype ``index_dtype``; an instance of ``metadata_class`` when that
+            is a class derived from ``Mamba2Metadata``. Translated slot fields
+            (``Role.WORKING_SLOT``) hold virtual ids when a slot table was given.
+        bucket : int or (int, int)
+            Captured shape ``(B, T)``, ``bs <= B <= max_bs`` and ``t <= T <= max_draft``
+            (a bare ``B``: ``T = max_draft``). Columns ``[t:T)`` of live rows are padded
+            like pad rows (pad values of the declarations and the inputs; offsets give each
+            live row ``T`` tokens).
         inputs : mapping of str to torch.Tensor, optional
-            Live rows of the declared static inputs (every one required if any are declared).
+            Live rows of the declared static inputs (every one required if any are declared;
+            per-token inputs have ``bs * t`` rows).
 
         Returns
         -------
         Mamba2Metadata
-            Decode (or target-verify) metadata whose tensors are views of exactly ``B``
-            (``B + 1``) rows of the static buffers.
+            Decode (or target-verify, or ``metadata_class``) metadata whose tensors are
+            views of exactly ``B`` (``B + 1``) rows and ``T`` columns of the static buffers.
 
         Raises
         ------
@@ -379,59 +515,77 @@ class StaticBuffers:
             duplicates, pad values in live rows, track slots that are working slots,
             offsets) and NaN inputs in debug mode only.
         """
+        key = self.key(bucket)
         live_inputs = inputs if inputs is not None else {}
-        bs = self._validate(step, bucket, live_inputs)
-        self._write_live(step, bs, bucket, live_inputs)
-        return self._build(bucket)
+        bs, t = self._validate(step, key, live_inputs)
+        self._write_live(step, bs, t, key, live_inputs)
+        return self._build(key)
 
-    def pad_all(self, bucket: int) -> Mamba2Metadata:
+    def pad_all(self, bucket: int | Bucket) -> Mamba2Metadata:
         """Fill rows ``[0:B)`` with padding (capture and warm-up: kernels do nothing)."""
-        self._check_bucket(bucket, 1)
-        plan = self._plan(0, bucket, (False,) * len(self._optional))
+        key = self.key(bucket)
+        self._check_bucket(key, 1, 1)
+        plan = self._plan(0, key[1], key, (False,) * len(self._optional))
         for group in plan.groups:
             torch._foreach_copy_(group.dsts, group.pads)
-        return self._build(bucket)
+        return self._build(key)
 
-    def views(self, bucket: int) -> dict[str, torch.Tensor]:
+    def views(self, bucket: int | Bucket) -> dict[str, torch.Tensor]:
         """Views of exactly the bucket's rows of the static inputs (what a step reads)."""
-        self._check_bucket(bucket, 1)
-        return dict(self._bucket_views(bucket)[1])
+        key = self.key(bucket)
+        self._check_bucket(key, 1, 1)
+        return dict(self._bucket_views(key)[1])
 
     def poison_(self, start: int, fill: Callable[[str, torch.Tensor], None]) -> None:
         """Testing aid: let ``fill(name, tail)`` overwrite rows past ``start`` of each buffer.
 
-        ``tail`` is rows ``[start:)`` of a ``BATCH`` buffer, ``[start + 1:)`` of a
-        ``BATCH + 1`` buffer and ``[start * draft_token_num:)`` of a per-token input. Used
-        by tests that poison everything past the refreshed prefix (NaN, other requests'
-        slots) and check that nothing captured reads it.
+        ``tail`` is rows ``[start:)`` of a ``BATCH`` buffer (all ``max_draft`` columns of a
+        field with columns), ``[start + 1:)`` of a ``BATCH + 1`` buffer and
+        ``[start * max_draft:)`` of a per-token input. Used by tests that poison everything
+        past the refreshed prefix (NaN, other requests' slots) and check that nothing
+        captured reads it; ``start = 0`` poisons every buffer whole.
         """
         if not 0 <= start <= self.max_bs:
             raise ValueError(f"StaticBuffers.poison_: start must be in [0, {self.max_bs}]")
         for name, buf in self._buffers.items():
-            off = self.rows_of(name, start)
+            off = self.rows_of(name, (start, self.max_draft))
             fill(name, buf[off:])
 
     # ------------------------------------------------------------------ internals
 
-    def _check_bucket(self, bucket: int, bs: int) -> None:
-        if not bs <= bucket <= self.max_bs:
+    def _check_bucket(self, key: Bucket, bs: int, t: int) -> None:
+        rows, cols = key
+        if not bs <= rows <= self.max_bs:
             raise _err(
-                "bucket", f"must satisfy bs <= bucket <= max_bs ({bs} <= {bucket} <= {self.max_bs})"
+                "bucket", f"must satisfy bs <= bucket <= max_bs ({bs} <= {rows} <= {self.max_bs})"
+            )
+        if not t <= cols <= self.max_draft:
+            raise _err(
+                "bucket",
+                f"draft columns must satisfy {self._col_field or 'draft'} <= T <= max_draft "
+                f"({t} <= {cols} <= {self.max_draft})",
             )
 
     def _validate(
-        self, step: ForwardMetadata, bucket: int, inputs: Mapping[str, torch.Tensor]
-    ) -> int:
-        if type(step) is not ForwardMetadata:
+        self, step: ForwardMetadata, key: Bucket, inputs: Mapping[str, torch.Tensor]
+    ) -> tuple[int, int]:
+        if type(step) is not self._step_class:
             raise TypeError(
-                f"StaticBuffers.refresh: step must be a ForwardMetadata, got {type(step).__qualname__}"
+                f"StaticBuffers.refresh: step must be a {self._step_class.__qualname__}, got "
+                f"{type(step).__qualname__}"
+            )
+        if isinstance(step, Mamba2Metadata) and step.num_prefills:
+            raise _err(
+                "num_prefills",
+                f"is {step.num_prefills}; graphs capture decode and verify rows only",
             )
         bs = int(step.mamba_cache_indices.shape[0])
         if bs <= 0:
             raise _err("mamba_cache_indices", f"must have bs > 0 live rows, got {bs}")
         if bs > self.max_bs:
             raise _err("mamba_cache_indices", f"has bs={bs} rows, more than max_bs={self.max_bs}")
-        self._check_bucket(bucket, bs)
+        t = self.draft_columns(step)
+        self._check_bucket(key, bs, t)
         for name, captured in self._static_items:
             live = getattr(step, name)
             if live == captured or (name in self._subsumed and captured and not live):
@@ -445,8 +599,15 @@ class StaticBuffers:
             if getattr(step, name) is not None:
                 raise _err(
                     name,
-                    "is set but is not a static buffer of this graph (it has no per-row rows); "
-                    "a captured step would silently ignore it",
+                    "is set but is not a static buffer of this graph; a captured step would "
+                    "silently ignore it",
+                )
+        for name in self._required_present:
+            if getattr(step, name) is None:
+                raise _err(
+                    name,
+                    "is None but the graphs were captured reading it; its pad cannot stand for "
+                    "None (build buffers without it, optional_fields, for steps that omit it)",
                 )
         # The core checked ndim, per-row lengths and one device for every field on
         # construction; what is left is this buffer's device and each field's exact dtype.
@@ -457,20 +618,22 @@ class StaticBuffers:
                 f"must be on {self.device} (the static buffers' device), got {dev}",
             )
         for name, dtype in self._field_dtypes:
-            t = getattr(step, name)
-            if t is not None and t.dtype is not dtype:
-                raise _err(name, f"must have dtype {dtype} (the static buffer's), got {t.dtype}")
+            tensor = getattr(step, name)
+            if tensor is not None and tensor.dtype is not dtype:
+                raise _err(
+                    name, f"must have dtype {dtype} (the static buffer's), got {tensor.dtype}"
+                )
         if self._inputs or inputs:
-            self._validate_inputs(inputs, bs)
+            self._validate_inputs(inputs, bs, t)
         debug = is_debug()
         if debug or self.device.type == "cpu":
             # Host-known values (CPU buffers) cost no sync to bound; on a GPU, debug only.
             self._validate_ranges(step)
         if debug:
-            self._validate_values(step, inputs)
-        return bs
+            self._validate_values(step, t, inputs)
+        return bs, t
 
-    def _validate_inputs(self, inputs: Mapping[str, torch.Tensor], bs: int) -> None:
+    def _validate_inputs(self, inputs: Mapping[str, torch.Tensor], bs: int, t: int) -> None:
         missing = set(self._inputs) - set(inputs)
         extra = set(inputs) - set(self._inputs)
         if missing or extra:
@@ -479,19 +642,19 @@ class StaticBuffers:
                 f"must name exactly {sorted(self._inputs)}; missing "
                 f"{sorted(missing)}, unknown {sorted(extra)}",
             )
-        for name, t in inputs.items():
-            if not isinstance(t, torch.Tensor):
-                raise _err(f"input {name}", f"must be a torch.Tensor, got {type(t).__name__}")
-            if t.dim() == 0:
+        for name, tensor in inputs.items():
+            if not isinstance(tensor, torch.Tensor):
+                raise _err(f"input {name}", f"must be a torch.Tensor, got {type(tensor).__name__}")
+            rows = self.rows_of(name, (bs, t))
+            if tensor.dim() == 0:
                 raise _err(
                     f"input {name}",
-                    f"must have a leading row dimension ({self.rows_of(name, bs)} rows), got a "
-                    "0-d tensor",
+                    f"must have a leading row dimension ({rows} rows), got a 0-d tensor",
                 )
-            rows = self.rows_of(name, bs)
-            if t.shape[0] != rows:
-                raise _err(f"input {name}", f"must have {rows} rows (bs={bs}), got {t.shape[0]}")
-            self._check_tensor(f"input {name}", t, self._buffers[name])
+            if tensor.shape[0] != rows:
+                per = f"bs={bs}" if rows == bs else f"bs={bs} x t={t}"
+                raise _err(f"input {name}", f"must have {rows} rows ({per}), got {tensor.shape[0]}")
+            self._check_tensor(f"input {name}", tensor, self._buffers[name])
 
     def _check_tensor(self, name: str, t: torch.Tensor, buf: torch.Tensor) -> None:
         if t.dtype != buf.dtype:
@@ -523,7 +686,9 @@ class StaticBuffers:
                     f"row {r} holds {int(t[r])}: not -1 (pad) nor a {kind} in [0, {bound})",
                 )
 
-    def _validate_values(self, step: ForwardMetadata, inputs: Mapping[str, torch.Tensor]) -> None:
+    def _validate_values(
+        self, step: ForwardMetadata, t: int, inputs: Mapping[str, torch.Tensor]
+    ) -> None:
         # Debug mode only: every check here reads device values (a sync on a GPU). They run
         # on physical ids (the slot table applied to a copy), before anything is written.
         physical: dict[str, torch.Tensor] = {}
@@ -536,23 +701,31 @@ class StaticBuffers:
             live=True,
             physical=True,
             overrides=physical,
-            where="StaticBuffers.refresh: ForwardMetadata",
+            where=f"StaticBuffers.refresh: {type(step).__qualname__}",
         )
         qsl = step.query_start_loc
-        if bool(((qsl[1:] - qsl[:-1]) != self.draft_token_num).any()):
-            raise _err(
-                "query_start_loc", f"must give every row {self.draft_token_num} token(s)"
-            )
-        for name, t in inputs.items():
-            if t.is_floating_point() and bool(t.isnan().any()):
+        if bool(((qsl[1:] - qsl[:-1]) != t).any()):
+            raise _err("query_start_loc", f"must give every row {t} token(s)")
+        for name, tensor in inputs.items():
+            if tensor.is_floating_point() and bool(tensor.isnan().any()):
                 raise _err(f"input {name}", "holds NaN in a live row")
 
     def _write_live(
-        self, step: ForwardMetadata, bs: int, bucket: int, inputs: Mapping[str, torch.Tensor]
+        self,
+        step: ForwardMetadata,
+        bs: int,
+        t: int,
+        key: Bucket,
+        inputs: Mapping[str, torch.Tensor],
     ) -> None:
-        plan = self._plan(bs, bucket, tuple(getattr(step, n) is not None for n in self._optional))
+        plan = self._plan(
+            bs, t, key, tuple(getattr(step, n) is not None for n in self._optional)
+        )
         for group in plan.groups:
-            srcs = [inputs[n] if is_input else getattr(step, n) for is_input, n in group.live]
+            srcs = []
+            for is_input, n, shape in group.live:
+                src = inputs[n] if is_input else getattr(step, n)
+                srcs.append(src if shape is None else src.reshape(shape))
             # One dispatcher call per dtype: host time per step is the budget here.
             torch._foreach_copy_(group.dsts, srcs + group.pads)
         table = self._slot_table
@@ -561,85 +734,120 @@ class StaticBuffers:
             # The single virtual -> physical translation point.
             torch.index_select(table, 0, getattr(step, name), out=dst)
 
-    def _plan(self, bs: int, bucket: int, present: tuple[bool, ...]) -> _Plan:
-        plan = self._plans.get((bs, bucket, present))
-        return plan if plan is not None else self._make_plan(bs, bucket, present)
+    def _plan(self, bs: int, t: int, key: Bucket, present: tuple[bool, ...]) -> _Plan:
+        plan = self._plans.get((bs, t, *key, present))
+        return plan if plan is not None else self._make_plan(bs, t, key, present)
 
-    def _make_plan(self, bs: int, bucket: int, present: tuple[bool, ...]) -> _Plan:
-        """Views to write for ``bs`` live rows in bucket ``B`` (``bs == 0``: all padding)."""
+    def _make_plan(self, bs: int, t: int, key: Bucket, present: tuple[bool, ...]) -> _Plan:
+        """Views to write for ``bs`` live rows of ``t`` columns in bucket ``(B, T)``
+        (``bs == 0``: all padding)."""
+        B, T = key
         plan = _Plan()
         groups: dict[torch.dtype, _CopyGroup] = {}
         pads: list[tuple[torch.Tensor, torch.Tensor]] = []
         is_present = dict(zip(self._optional, present, strict=True))
 
-        def live(is_input: bool, name: str, dst: torch.Tensor) -> None:
+        def live(entry: _Live, dst: torch.Tensor) -> None:
             group = groups.setdefault(dst.dtype, _CopyGroup())
             group.dsts.append(dst)
-            group.live.append((is_input, name))
+            group.live.append(entry)
 
         for spec in self._buffered:
-            buf, pad = self._buffers[spec.name], self._pad_src[spec.name]
+            buf = self._buffers[spec.name]
             n = bs if is_present.get(spec.name, True) else 0
-            if spec.pad is not None and spec.pad.cumulative:  # offsets: the table row of bs
-                start = n + 1 if n else 0
+            if spec.pad is not None and spec.pad.cumulative:
+                # Offsets: live rows copied when their layout is the bucket's (t == T), else
+                # the table row of n live rows of T tokens (padded columns are tokens too).
+                table = self._cumulative_table(spec.name, T)
+                start = n + 1 if n and t == T else 0
+                if start:
+                    live((False, spec.name, None), buf[:start])
+                pads.append((buf[start : B + 1], table[n, start : B + 1]))
+                continue
+            pad = self._pad_src[spec.name]
+            if spec.cols is not None:
                 if n:
-                    live(False, spec.name, buf[:start])
-                pads.append((buf[start : bucket + 1], pad[n, start : bucket + 1]))
+                    live((False, spec.name, None), buf[:n, :t])
+                    pads.append((buf[:n, t:T], pad[:n, t:T]))
+                pads.append((buf[n:B, :T], pad[n:B, :T]))
                 continue
             if n and spec.role.translated and self._slot_table is not None:
                 plan.translate.append((spec.name, buf[:n]))
             elif n:
-                live(False, spec.name, buf[:n])
-            pads.append((buf[n:bucket], pad[n:bucket]))
-        for name in self._inputs:
+                live((False, spec.name, None), buf[:n])
+            pads.append((buf[n:B], pad[n:B]))
+        for name, ispec in self._inputs.items():
             buf, pad = self._buffers[name], self._pad_src[name]
-            n, rows = self.rows_of(name, bs), self.rows_of(name, bucket)
-            if n:
-                live(True, name, buf[:n])
-            pads.append((buf[n:rows], pad[n:rows]))
+            if ispec.rows != TOKENS or t == T:
+                n, rows = self.rows_of(name, (bs, T)), self.rows_of(name, key)
+                if n:
+                    live((True, name, None), buf[:n])
+                pads.append((buf[n:rows], pad[n:rows]))
+                continue
+            # Per-token input with padded columns: the bucket's [B, T] grid of tokens.
+            grid = buf[: B * T].view(B, T, *ispec.shape)
+            pgrid = pad[: B * T].view(B, T, *ispec.shape)
+            if bs:
+                live((True, name, (bs, t, *ispec.shape)), grid[:bs, :t])
+                pads.append((grid[:bs, t:], pgrid[:bs, t:]))
+            pads.append((grid[bs:], pgrid[bs:]))
         for dst, src in pads:
-            if dst.shape[0]:
+            if dst.numel():
                 group = groups.setdefault(dst.dtype, _CopyGroup())
                 group.dsts.append(dst)
                 group.pads.append(src)
         plan.groups = list(groups.values())  # a group exists only once it has a destination
-        if len(self._plans) >= _MAX_PLANS:  # a runner needs max_bs * 4 at most
+        if len(self._plans) >= _MAX_PLANS:  # a runner needs max_bs * max_draft * 4 at most
             self._plans.clear()
-        self._plans[(bs, bucket, present)] = plan
+        self._plans[(bs, t, *key, present)] = plan
         return plan
 
-    def _bucket_views(self, bucket: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    def _bucket_views(self, key: Bucket) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         # The same view objects every step: a graph captured on them sees the same storage.
-        cached = self._views.get(bucket)
+        cached = self._views.get(key)
         if cached is None:
-            fields = {
-                s.name: self._buffers[s.name][: self.rows_of(s.name, bucket)]
-                for s in self._buffered
-            }
-            ins = {n: self._buffers[n][: self.rows_of(n, bucket)] for n in self._inputs}
+            cols = key[1]
+            fields = {}
+            for s in self._buffered:
+                view = self._buffers[s.name][: self.rows_of(s.name, key)]
+                fields[s.name] = view[:, :cols] if s.cols is not None else view
+            ins = {n: self._buffers[n][: self.rows_of(n, key)] for n in self._inputs}
             cached = (fields, ins)
-            self._views[bucket] = cached
+            self._views[key] = cached
         return cached
 
-    def _build(self, bucket: int) -> Mamba2Metadata:
+    def _build(self, key: Bucket) -> Mamba2Metadata:
         # The metadata of a bucket holds the same views and the same frozen host values at
         # every step, so the object built (through evolve_from) at capture is returned again.
         # Debug mode rebuilds it, so the core's value checks see the refreshed rows.
-        cached = self._metadata.get(bucket)
+        cached = self._metadata.get(key)
         if cached is not None and not is_debug():
             return cached
-        md = self._construct(bucket)
-        self._metadata[bucket] = md
+        md = self._construct(key)
+        self._metadata[key] = md
         return md
 
-    def _construct(self, bucket: int) -> Mamba2Metadata:
-        fields, _ = self._bucket_views(bucket)
+    def _construct(self, bucket: int | Bucket) -> Mamba2Metadata:
+        key = self.key(bucket)
+        fields, _ = self._bucket_views(key)
         kwargs: dict[str, Any] = dict(self._static)
-        kwargs.update(fields)
+        if self._col_field is not None:
+            kwargs[self._col_field] = key[1]
+        own = [set(self._added_names(cls)) for cls in self._chain[1:]]
+        derived = set().union(*own) if own else set()
+        kwargs.update({n: v for n, v in fields.items() if n not in derived})
         fwd = ForwardMetadata(**kwargs)
-        if self.is_target_verify:
-            return prepare_target_verify(fwd)
-        return prepare_decode(fwd)
+        md = prepare_target_verify(fwd) if self.is_target_verify else prepare_decode(fwd)
+        for cls, names in zip(self._chain[1:], own, strict=True):
+            md = cls.evolve_from(md, **{n: fields[n] for n in names})  # type: ignore[attr-defined]
+        return md
+
+    @staticmethod
+    def _added_names(cls: type) -> tuple[str, ...]:
+        source = source_of(cls)
+        assert source is not None
+        have = {s.name for s in fields_of(source)}
+        return tuple(s.name for s in fields_of(cls) if s.name not in have)
 
 
 def _usable_device(device: torch.device | str) -> torch.device:

@@ -5,8 +5,8 @@ op and fake, its public function with full argument checks, and beside them the 
 pure-torch reference of that op (``*_reference``), which is also the CPU path. The
 implementation is a property of the op call (``impl=``, or :func:`implementation`), never
 of the caller's scheduling. Every op reads its slots and plans from the forward's
-``Mamba2Metadata`` through its ``*_from_metadata`` entry (decode) or its ``md`` argument
-(prefill).
+``Mamba2Metadata`` through its ``*_from_metadata`` entry (decode, verify) or its ``md``
+argument (prefill); the commit after a verify reads a ``SpecCommitMetadata``.
 
 Decode: :mod:`~hybridmeta.kernels.ssm_update`, :mod:`~hybridmeta.kernels.conv_update`,
 :mod:`~hybridmeta.kernels.track_save`. Prefill: :mod:`~hybridmeta.kernels.conv_prefill`,
@@ -30,7 +30,11 @@ from hybridmeta.kernels.conv_update import (
     causal_conv1d_update_from_metadata,
     causal_conv1d_update_reference,
 )
-from hybridmeta.kernels.conv_verify import conv_verify_update, conv_verify_update_reference
+from hybridmeta.kernels.conv_verify import (
+    conv_verify_update,
+    conv_verify_update_from_metadata,
+    conv_verify_update_reference,
+)
 from hybridmeta.kernels.extend_track import extend_track_save
 from hybridmeta.kernels.rms_norm import (
     add_rms_norm,
@@ -40,7 +44,12 @@ from hybridmeta.kernels.rms_norm import (
     rms_norm,
     rms_norm_reference,
 )
-from hybridmeta.kernels.spec_commit import spec_commit, spec_commit_reference, spec_track_token
+from hybridmeta.kernels.spec_commit import (
+    spec_commit,
+    spec_commit_from_metadata,
+    spec_commit_reference,
+    spec_track_token,
+)
 from hybridmeta.kernels.ssd_scan import (
     SSDScanOutput,
     ssd_chunked_scan,
@@ -51,7 +60,11 @@ from hybridmeta.kernels.ssm_update import (
     ssm_state_update_from_metadata,
     ssm_state_update_reference,
 )
-from hybridmeta.kernels.ssm_verify import ssm_verify_update, ssm_verify_update_reference
+from hybridmeta.kernels.ssm_verify import (
+    ssm_verify_update,
+    ssm_verify_update_from_metadata,
+    ssm_verify_update_reference,
+)
 from hybridmeta.kernels.track_save import (
     track_save,
     track_save_from_metadata,
@@ -70,6 +83,7 @@ __all__ = [
     "causal_conv1d_update_from_metadata",
     "causal_conv1d_update_reference",
     "conv_verify_update",
+    "conv_verify_update_from_metadata",
     "conv_verify_update_reference",
     "extend_track_save",
     "gated_rms_norm",
@@ -78,6 +92,7 @@ __all__ = [
     "rms_norm",
     "rms_norm_reference",
     "spec_commit",
+    "spec_commit_from_metadata",
     "spec_commit_reference",
     "spec_track_token",
     "split_xbc",
@@ -87,6 +102,7 @@ __all__ = [
     "ssm_state_update_from_metadata",
     "ssm_state_update_reference",
     "ssm_verify_update",
+    "ssm_verify_update_from_metadata",
     "ssm_verify_update_reference",
     "track_save",
     "track_save_from_metadata",

@@ -151,3 +151,32 @@ def decode_rows(op: str, md: Mamba2Metadata, bs: int) -> slice:
             f"bs={bs}; pass the decode rows' inputs (their live [bs] views)"
         )
     return md.decode_rows()
+
+
+def verify_rows(op: str, md: Mamba2Metadata, x: object) -> None:
+    """Check that ``md`` is a target-verify forward whose rows and draft columns are ``x``'s.
+
+    ``x`` is the op's ``[bs, T, ...]`` input: ``bs`` must be the metadata's rows (a verify
+    forward has no prefill rows) and ``T`` its ``draft_token_num``.
+    """
+    if not md.is_target_verify:
+        raise ValueError(
+            f"{op}: the metadata is not a target-verify forward (is_target_verify is False); "
+            "build it with prepare_target_verify, or run decode rows through the decode ops"
+        )
+    if not isinstance(x, torch.Tensor) or x.dim() < 2:
+        raise TypeError(
+            f"{op}: `x` must be a [bs, T, ...] torch.Tensor (T = draft_token_num), got "
+            f"{type(x).__name__ if not isinstance(x, torch.Tensor) else list(x.shape)}"
+        )
+    bs, T = x.shape[:2]
+    if md.num_decodes != bs:
+        raise ValueError(
+            f"{op}: the metadata has {md.num_decodes} verify rows but `x` has bs={bs}; pass "
+            "the rows' inputs (their live [bs, T] views)"
+        )
+    if md.draft_token_num != T:
+        raise ValueError(
+            f"{op}: the metadata has draft_token_num={md.draft_token_num} but `x` has T={T} "
+            "draft columns"
+        )

@@ -12,7 +12,9 @@ are rounded through the pool's dtype, so a chain equals ``T`` sequential
 :func:`~hybridmeta.kernels.causal_conv1d_update` calls bit for bit in the state.
 
 This module holds the Triton kernel, its launcher, the ``torch.library`` op, the public
-function :func:`conv_verify_update` and the pure-torch :func:`conv_verify_update_reference`.
+function :func:`conv_verify_update`, its metadata entry
+:func:`conv_verify_update_from_metadata` and the pure-torch
+:func:`conv_verify_update_reference`.
 """
 
 from __future__ import annotations
@@ -32,10 +34,17 @@ from hybridmeta.kernels._validate import (
     check_optional,
     check_pool,
     check_tensor,
+    verify_rows,
 )
 from hybridmeta.kernels.ssm_verify import check_draft_indices
+from hybridmeta.model import Mamba2Metadata
 
-__all__ = ["conv_verify_update", "conv_verify_update_reference", "launch_conv_verify"]
+__all__ = [
+    "conv_verify_update",
+    "conv_verify_update_from_metadata",
+    "conv_verify_update_reference",
+    "launch_conv_verify",
+]
 
 
 # T and the parent array's row stride (T when dense) are runtime values: a new draft
@@ -386,6 +395,37 @@ def conv_verify_update(
     run(x, conv_state, weight, bias, out, inter, cache_indices, activation is not None, parent,
         num_draft)  # fmt: skip
     return out
+
+
+def conv_verify_update_from_metadata(
+    md: Mamba2Metadata,
+    x: torch.Tensor,
+    conv_state: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    inter: torch.Tensor,
+    activation: str | None = "silu",
+    out: torch.Tensor | None = None,
+    impl: Impl | None = None,
+) -> torch.Tensor:
+    """:func:`conv_verify_update` of a target-verify forward, everything it indexes by from ``md``.
+
+    Slots ``md.mamba_cache_indices``, tree ``md.retrieve_parent_token`` (``None``: chains),
+    ``T = md.draft_token_num`` (``x`` is ``[bs, T, conv_dim]``); ``inter`` is state
+    storage, ``[bs, T, conv_dim, k - 1]``.
+
+    Raises
+    ------
+    ValueError
+        ``md`` is not a target-verify forward, or its rows or ``draft_token_num`` do not
+        match ``x``; then every check of :func:`conv_verify_update`.
+    """
+    verify_rows("conv_verify_update_from_metadata", md, x)
+    return conv_verify_update(
+        x, conv_state, weight, bias, cache_indices=md.mamba_cache_indices, inter=inter,
+        activation=activation, parent=md.retrieve_parent_token, out=out, impl=impl,
+    )  # fmt: skip
 
 
 # --------------------------------------------------------------------------- reference

@@ -9,8 +9,10 @@ loop bound, never specialised) and shares out the ``layers x chunks`` copy work,
 :mod:`hybridmeta.kernels.track_save` does.
 
 This module holds the Triton kernel, its launcher, the ``torch.library`` op, the public
-function :func:`spec_commit`, the host helper :func:`spec_track_token` (which boundary
-token, if any) and the pure-torch :func:`spec_commit_reference`.
+function :func:`spec_commit`, its metadata entry :func:`spec_commit_from_metadata` (slots,
+track mask and verdict from a :class:`~hybridmeta.model.SpecCommitMetadata`), the device
+helper :func:`spec_track_token` (which boundary token, if any) and the pure-torch
+:func:`spec_commit_reference`.
 """
 
 from __future__ import annotations
@@ -33,8 +35,15 @@ from hybridmeta.kernels._validate import (
     check_slot_contiguous,
     check_tensor,
 )
+from hybridmeta.model import SpecCommitMetadata
 
-__all__ = ["launch_spec_commit", "spec_commit", "spec_commit_reference", "spec_track_token"]
+__all__ = [
+    "launch_spec_commit",
+    "spec_commit",
+    "spec_commit_from_metadata",
+    "spec_commit_reference",
+    "spec_track_token",
+]
 
 
 @triton.jit
@@ -353,6 +362,55 @@ def spec_commit(
     run = torch.ops.hybridmeta.spec_commit if observed(ssm_pool) else _spec_commit_impl
     run(conv_pool, ssm_pool, inter_conv, inter_ssm, state_indices, accepted_index, track_indices,
         track_mask, track_token)  # fmt: skip
+
+
+def spec_commit_from_metadata(
+    cmd: SpecCommitMetadata,
+    conv_pool: torch.Tensor,
+    ssm_pool: torch.Tensor,
+    inter_conv: torch.Tensor,
+    inter_ssm: torch.Tensor,
+    *,
+    impl: Impl | None = None,
+) -> None:
+    """:func:`spec_commit` of the rows of a verified draft, everything it indexes by from ``cmd``.
+
+    Working slots ``cmd.mamba_cache_indices``, verdict ``cmd.accepted_index``; when
+    ``cmd.has_mamba_track_mask`` (a host flag, decided without reading the mask) the rows
+    flagged in ``cmd.mamba_track_mask`` also save the state of column ``cmd.track_token``
+    into ``cmd.mamba_track_indices``. ``inter_conv`` / ``inter_ssm`` are the intermediate
+    states the verify wrote (state storage, like the pools): ``[layers, bs, T, ...]`` with
+    ``T = cmd.draft_token_num``.
+
+    Raises
+    ------
+    TypeError
+        ``cmd`` is not a :class:`~hybridmeta.model.SpecCommitMetadata`.
+    ValueError
+        The intermediate buffers do not have ``cmd.draft_token_num`` draft columns; then
+        every check of :func:`spec_commit`. Nothing is written.
+    """
+    op = "spec_commit_from_metadata"
+    if not isinstance(cmd, SpecCommitMetadata):
+        raise TypeError(
+            f"{op}: `cmd` must be a SpecCommitMetadata (SpecCommitMetadata.evolve_from("
+            f"verify_md, accepted_index=..., track_token=...)), got {type(cmd).__qualname__}"
+        )
+    for name, t in (("inter_conv", inter_conv), ("inter_ssm", inter_ssm)):
+        if not isinstance(t, torch.Tensor) or t.dim() < 3 or t.shape[2] != cmd.draft_token_num:
+            got = list(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(
+                f"{op}: `{name}` must be [layers, bs, T, ...] with T = draft_token_num = "
+                f"{cmd.draft_token_num}, got {got}"
+            )
+    track = mask = token = None
+    if cmd.has_mamba_track_mask:
+        track, mask, token = cmd.mamba_track_indices, cmd.mamba_track_mask, cmd.track_token
+    spec_commit(
+        conv_pool, ssm_pool, inter_conv, inter_ssm, state_indices=cmd.mamba_cache_indices,
+        accepted_index=cmd.accepted_index, track_indices=track, track_mask=mask,
+        track_token=token, impl=impl,
+    )  # fmt: skip
 
 
 def _check_columns(op: str, name: str, cols: torch.Tensor, active: torch.Tensor, T: int) -> None:

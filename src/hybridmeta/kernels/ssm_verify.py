@@ -14,7 +14,9 @@ through the pool would round it, so a chain and the same path through a tree giv
 same bits whether the parent state came from registers or from the buffer.
 
 This module holds the Triton kernel, its launcher, the ``torch.library`` op, the public
-function :func:`ssm_verify_update` and the pure-torch :func:`ssm_verify_update_reference`.
+function :func:`ssm_verify_update`, its metadata entry :func:`ssm_verify_update_from_metadata`
+(slots, tree and draft length from the verify forward's ``Mamba2Metadata``) and the
+pure-torch :func:`ssm_verify_update_reference`.
 """
 
 from __future__ import annotations
@@ -35,12 +37,15 @@ from hybridmeta.kernels._validate import (
     check_pool,
     check_slot_contiguous,
     check_tensor,
+    verify_rows,
 )
+from hybridmeta.model import Mamba2Metadata
 
 __all__ = [
     "launch_ssm_verify",
     "ssm_verify_launch_config",
     "ssm_verify_update",
+    "ssm_verify_update_from_metadata",
     "ssm_verify_update_reference",
 ]
 
@@ -519,6 +524,47 @@ def ssm_verify_update(
         num_draft,
     )  # fmt: skip
     return out
+
+
+def ssm_verify_update_from_metadata(
+    md: Mamba2Metadata,
+    state: torch.Tensor,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    *,
+    inter: torch.Tensor,
+    D: torch.Tensor | None = None,
+    z: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    dt_softplus: bool = False,
+    out: torch.Tensor | None = None,
+    impl: Impl | None = None,
+) -> torch.Tensor:
+    """:func:`ssm_verify_update` of a target-verify forward, everything it indexes by from ``md``.
+
+    The working slots are ``md.mamba_cache_indices`` (pad rows ``-1``), the tree is
+    ``md.retrieve_parent_token`` (``None``: chains) and ``T`` is ``md.draft_token_num``,
+    which must be ``x``'s second dimension; every row of ``md`` is a verify row. Every
+    draft column is live (``num_draft`` is not used: a graph captures one exact ``T`` per
+    bucket). ``inter`` is state storage, like the pool: ``[bs, T, nheads, headdim, dstate]``
+    (the ``[:bs, :T]`` view of the engine's intermediate-state buffer).
+
+    Raises
+    ------
+    ValueError
+        ``md`` is not a target-verify forward (``prepare_target_verify``), or its rows or
+        ``draft_token_num`` do not match ``x``; then every check of
+        :func:`ssm_verify_update`.
+    """
+    verify_rows("ssm_verify_update_from_metadata", md, x)
+    return ssm_verify_update(
+        state, x, dt, A, B, C, state_indices=md.mamba_cache_indices, inter=inter, D=D, z=z,
+        dt_bias=dt_bias, dt_softplus=dt_softplus, parent=md.retrieve_parent_token, out=out,
+        impl=impl,
+    )  # fmt: skip
 
 
 def check_draft_indices(

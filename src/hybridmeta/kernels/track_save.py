@@ -259,8 +259,15 @@ def track_save_from_metadata(
 
     Run once after the forward's layers: a flagged row's working slot then holds its state
     at the boundary (a decode row's new token, a prefill row's last token). Does nothing
-    when ``md.has_mamba_track_mask`` is false (a host flag: no device read).
+    when ``md.has_mamba_track_mask`` is false (a host flag: no device read). Refuses a
+    target-verify forward, whose boundaries the commit saves.
     """
+    if md.is_target_verify:
+        raise ValueError(
+            "track_save_from_metadata: the metadata is a target-verify forward; its working "
+            "slots still hold the state before the draft, so its boundaries are saved by the "
+            "commit (spec_commit_from_metadata), from the verified token's intermediate state"
+        )
     if not md.has_mamba_track_mask:
         return
     assert md.mamba_track_indices is not None and md.mamba_track_mask is not None

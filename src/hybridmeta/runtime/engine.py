@@ -17,6 +17,15 @@ Each :meth:`Runtime.step`
 3. copies the attention KV rows of the saved boundaries, samples (greedy, or
    teacher-forced tokens) and publishes the step's cache entries.
 
+With speculative decoding (``RuntimeOptions.spec_tokens > 0``) a decode row drafts up to
+``spec_tokens`` tokens from its own history (prompt lookup, :mod:`hybridmeta.runtime.spec`)
+and the decode step becomes a verify step: one forward of the pending token and the
+drafts of every row (captured per bucket ``(B, T)``, :class:`VerifyGraphs`), greedy
+acceptance on the device, and the commit, which writes the working slot (the state after
+the last accepted token) and, for a row whose accepted tokens cross a track boundary, the
+track slot (the state after exactly the boundary token). Greedy outputs are the tokens
+plain decoding would produce; a step just yields up to ``spec_tokens + 1`` of them per row.
+
 All plans are computed from host-side data (lengths, slots, token lists) of the step's own
 inputs. The only device-to-host transfer is the step's sampled tokens, once per step.
 """
@@ -31,11 +40,14 @@ import attrs
 import numpy as np
 import torch
 
+from hybridmeta import kernels
+from hybridmeta.model import prepare_commit, prepare_target_verify
 from hybridmeta.planner import MixedHostPlan, plan_host
-from hybridmeta.runtime.decode_graphs import DecodeGraphs
+from hybridmeta.runtime.decode_graphs import DecodeGraphs, VerifyGraphs
 from hybridmeta.runtime.model import NemotronH
 from hybridmeta.runtime.plan import attention_host_plan
 from hybridmeta.runtime.prefix_cache import PrefixCache
+from hybridmeta.runtime.spec import Accepted, greedy_accept, ngram_draft, plan_spec_step
 from hybridmeta.runtime.state import SlotAllocator, StatePool
 from hybridmeta.staging import to_device_packed
 
@@ -68,6 +80,13 @@ class RuntimeOptions:
     sync_timing : bool
         Synchronise the device around decode so ``decode_seconds`` is exact (benchmarks
         only; it adds two host syncs per step).
+    spec_tokens : int
+        Speculative decoding: draft up to this many tokens per decode row and step from
+        the row's own history (n-gram prompt lookup) and verify them in one forward of up
+        to ``spec_tokens + 1`` tokens per row; 0 (default) decodes one token per step.
+        At most ``track_interval - 1`` (a verify then crosses at most one boundary).
+    spec_ngram : int
+        Longest suffix (in tokens) the drafter looks up; shorter ones are tried after it.
 
     Which implementation the Mamba2 ops run (Triton or their references) is the op calls'
     business (:func:`hybridmeta.kernels.implementation`), not the runtime's.
@@ -82,6 +101,8 @@ class RuntimeOptions:
     max_decode_bs: int | None = None
     use_prefix_cache: bool = True
     sync_timing: bool = False
+    spec_tokens: int = 0
+    spec_ngram: int = 3
 
 
 @attrs.define(eq=False)
@@ -139,6 +160,18 @@ class StepStats:
     seconds: float
 
 
+@attrs.frozen(kw_only=True, eq=False)
+class _Verified:
+    """A verify step's device verdict and the host bookkeeping to apply it."""
+
+    reqs: list[Request]
+    accepted: Accepted
+    draft_lens: list[int]
+    seq_lens: list[int]
+    # row -> (cache key, reserved track slot, boundary)
+    tracked: dict[int, tuple[tuple[int, ...], int, int]]
+
+
 class Runtime:
     """Reference hybrid runtime over one :class:`NemotronH` model.
 
@@ -164,29 +197,42 @@ class Runtime:
             )
         if opts.num_track < 1:
             raise ValueError(f"RuntimeOptions.num_track must be >= 1, got {opts.num_track}")
+        if not 0 <= opts.spec_tokens < opts.track_interval:
+            raise ValueError(
+                f"RuntimeOptions.spec_tokens must lie in [0, track_interval - 1 = "
+                f"{opts.track_interval - 1}] (a verify may cross at most one track boundary), "
+                f"got {opts.spec_tokens}"
+            )
+        if opts.spec_ngram < 1:
+            raise ValueError(f"RuntimeOptions.spec_ngram must be >= 1, got {opts.spec_ngram}")
         param = model.embeddings.weight
         self.model = model
         self.options = opts
         self.device = param.device
+        max_bs = opts.max_decode_bs if opts.max_decode_bs is not None else opts.num_working
+        spec = opts.spec_tokens + 1 if opts.spec_tokens else 0
         self.pool = StatePool.allocate(
             cfg,
             num_working=opts.num_working,
             num_track=opts.num_track,
-            max_len=opts.max_len,
+            # a verify writes the KV of up to spec_tokens drafts past a full sequence
+            max_len=opts.max_len + opts.spec_tokens,
             device=param.device,
             dtype=param.dtype,
+            verify_rows=max(max_bs, opts.num_working) if spec else 0,
+            verify_tokens=spec,
         )
         self.working = SlotAllocator(0, opts.num_working, "working")
         self.cache = PrefixCache(
             SlotAllocator(opts.num_working, opts.num_track, "track"), opts.track_interval
         )
         self.graphs: DecodeGraphs | None = None
-        if opts.use_graphs:
-            self.graphs = DecodeGraphs(
-                model,
-                self.pool,
-                max_bs=opts.max_decode_bs if opts.max_decode_bs is not None else opts.num_working,
-            )
+        self.verify_graphs: VerifyGraphs | None = None
+        if opts.use_graphs and spec:
+            self.verify_graphs = VerifyGraphs(model, self.pool, max_bs=max_bs, max_draft=spec)
+            self.verify_graphs.capture()
+        elif opts.use_graphs:
+            self.graphs = DecodeGraphs(model, self.pool, max_bs=max_bs)
             self.graphs.capture()
         self._waiting: deque[Request] = deque()
         self._running: list[Request] = []
@@ -197,6 +243,21 @@ class Runtime:
         self.prefill_tokens = 0
         self.cached_prompt_tokens = 0
         self.prompt_tokens = 0
+        self.verify_steps = 0
+        self.verify_rows = 0
+        self.drafted_tokens = 0
+        self.accepted_tokens = 0
+
+    @property
+    def backend_name(self) -> str:
+        """The decode graphs' backend (``"none"`` without graphs)."""
+        g = self.verify_graphs if self.verify_graphs is not None else self.graphs
+        return g.backend_name if g is not None else "none"
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted draft tokens over drafted ones (0 without drafts)."""
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
 
     # ------------------------------------------------------------------ requests
 
@@ -328,9 +389,12 @@ class Runtime:
                 if done_rows:
                     sample_logits.append(logits[self._index(done_rows)].float().log_softmax(-1))
                 self.prefill_tokens += len(chunk_ids)
-            if dec_reqs:
+            verified: _Verified | None = None
+            if dec_reqs and self.options.spec_tokens:
+                verified = self._verify(dec_reqs)
+            elif dec_reqs:
                 self._decode(dec_reqs, sample_reqs, sample_logits, commits)
-            self._sample(sample_reqs, sample_logits)
+            self._sample(sample_reqs, sample_logits, verified, commits)
         for key, slot in commits:
             self.cache.commit(key, slot)
         self.cache.end_step()
@@ -453,19 +517,146 @@ class Runtime:
         self._sync()
         self.decode_seconds += time.perf_counter() - td
 
+    def _verify(self, reqs: list[Request]) -> _Verified:
+        """Decode rows, speculatively: draft, verify, accept and commit on the device.
+
+        A row whose state may cross a track boundary with its pending token and draft
+        reserves a track slot under the key it would have if the draft were accepted; the
+        commit saves the boundary token's state there only if the accepted tokens reach
+        the boundary (:func:`hybridmeta.kernels.spec_track_token`), and the host publishes
+        the entry (and copies its KV rows) only then.
+        """
+        opts = self.options
+        interval = opts.track_interval
+        drafts: list[list[int]] = []
+        for r in reqs:
+            room = min(opts.spec_tokens, r.max_new_tokens - r.num_generated - 1)
+            drafts.append(ngram_draft(r.tokens, room, max_ngram=opts.spec_ngram))
+        T = 1 + max(len(d) for d in drafts)
+        slots: list[int] = []
+        seq_lens: list[int] = []
+        rows: list[list[int]] = []
+        targets: list[list[int]] = []
+        tracked: dict[int, tuple[tuple[int, ...], int, int]] = {}
+        for i, (r, d) in enumerate(zip(reqs, drafts, strict=True)):
+            assert r.slot is not None
+            s = r.num_computed  # the pending token r.tokens[s] is not in the state yet
+            slots.append(r.slot)
+            seq_lens.append(s)
+            row = [r.tokens[s], *d]
+            rows.append(row + [row[-1]] * (T - len(row)))
+            g = r.num_generated
+            forced = r.forced
+            targets.append(
+                [forced[g + j] if forced is not None and g + j < len(forced) else -1
+                 for j in range(T)]
+            )  # fmt: skip
+            boundary = ((s + 1 + len(d)) // interval) * interval
+            if opts.use_prefix_cache and boundary > s:
+                key = tuple([*r.tokens, *d][:boundary])
+                slot = self.cache.reserve(key)
+                if slot is not None:
+                    tracked[i] = (key, slot, boundary)
+        self._sync()
+        td = time.perf_counter()
+        track_mask = track_slots = None
+        if opts.use_prefix_cache:
+            track_mask = [i in tracked for i in range(len(reqs))]
+            track_slots = [tracked[i][1] if i in tracked else -1 for i in range(len(reqs))]
+        plan = plan_spec_step(
+            slots=slots, seq_lens=seq_lens, tokens=rows, targets=targets,
+            num_draft=[len(d) for d in drafts], track_mask=track_mask, track_slots=track_slots,
+        )  # fmt: skip
+        staged = to_device_packed(plan.staged_arrays, self.device)
+        v = plan.views(staged)
+        fwd = plan.verify.forward(staged)
+        md = prepare_target_verify(fwd)
+        if self.verify_graphs is not None:
+            logits = self.verify_graphs.verify(fwd, v["input_ids"], v["positions"])
+        else:
+            logits = self.model.forward_verify(v["input_ids"], v["positions"], md, self.pool)
+        acc = greedy_accept(logits, v["input_ids"], v["targets"], v["num_draft"])
+        cmd = prepare_commit(
+            md,
+            accepted_index=acc.num_accepted,
+            track_token=kernels.spec_track_token(v["seq_lens"], acc.num_accepted + 1, interval),
+        )
+        if self.verify_graphs is not None:
+            self.verify_graphs.commit(cmd)
+        else:
+            inter_conv, inter_ssm = self.pool.verify_states(len(reqs), T)
+            kernels.spec_commit_from_metadata(
+                cmd, self.pool.conv, self.pool.ssm, inter_conv, inter_ssm
+            )
+        self._sync()
+        self.decode_seconds += time.perf_counter() - td
+        return _Verified(
+            reqs=reqs,
+            accepted=acc,
+            draft_lens=[len(d) for d in drafts],
+            seq_lens=seq_lens,
+            tracked=tracked,
+        )
+
+    def _apply_verified(
+        self, ver: _Verified, host: list[int], commits: list[tuple[tuple[int, ...], int]]
+    ) -> None:
+        """Append each row's accepted drafts and bonus token; publish crossed boundaries."""
+        bs = len(ver.reqs)
+        T = ver.accepted.choice.shape[1]
+        choice, ks = host[: bs * T], host[bs * T :]
+        kv_src: list[int] = []
+        kv_dst: list[int] = []
+        for i, r in enumerate(ver.reqs):
+            k = ks[i]
+            for j in range(k + 1):
+                r.logprobs.append(ver.accepted.logprobs[i, j])
+                r.tokens.append(choice[i * T + j])
+            r.num_computed += k + 1
+            self.decode_tokens += k + 1
+            self.accepted_tokens += k
+            self.drafted_tokens += ver.draft_lens[i]
+            hit = ver.tracked.get(i)
+            if hit is not None and hit[2] <= ver.seq_lens[i] + k + 1:
+                # the commit saved the boundary's state; its KV rows follow
+                assert r.slot is not None
+                kv_src.append(r.slot)
+                kv_dst.append(hit[1])
+                commits.append((hit[0], hit[1]))
+        if kv_src:
+            self.pool.copy_kv(self._index(kv_src), self._index(kv_dst))
+        self.verify_steps += 1
+        self.verify_rows += bs
+
     def _sync(self) -> None:
         if self.options.sync_timing and self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def _sample(self, reqs: list[Request], logprobs: list[torch.Tensor]) -> None:
-        if not reqs:
+    def _sample(
+        self,
+        reqs: list[Request],
+        logprobs: list[torch.Tensor],
+        verified: _Verified | None = None,
+        commits: list[tuple[tuple[int, ...], int]] | None = None,
+    ) -> None:
+        parts: list[torch.Tensor] = []
+        logp: torch.Tensor | None = None
+        if reqs:
+            logp = torch.cat(logprobs) if len(logprobs) > 1 else logprobs[0]  # [R, V]
+            if any(r.forced is None for r in reqs):
+                # the argmax of every row (R ints; teacher-forced rows ignore theirs)
+                parts.append(logp.argmax(-1))
+        n_greedy = parts[0].shape[0] if parts else 0
+        if verified is not None:
+            parts += [verified.accepted.choice.reshape(-1), verified.accepted.num_accepted]
+        # the step's one device-to-host transfer
+        host: list[int] = torch.cat(parts).tolist() if parts else []
+        greedy = host[:n_greedy]
+        if verified is not None:
+            assert commits is not None
+            self._apply_verified(verified, host[n_greedy:], commits)
+        if logp is None:
             return
-        logp = torch.cat(logprobs) if len(logprobs) > 1 else logprobs[0]  # [R, V]
-        greedy: list[int] = []
-        if any(r.forced is None for r in reqs):
-            # the step's one device-to-host transfer: the argmax of every row (R ints;
-            # teacher-forced rows simply ignore theirs)
-            greedy = logp.argmax(-1).tolist()
         for i, req in enumerate(reqs):
             req.logprobs.append(logp[i])
             if req.forced is not None:

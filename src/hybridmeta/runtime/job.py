@@ -618,6 +618,7 @@ def _job(
             passed=None,
         )
     )
+    checks.extend(_spec_checks(model, options, tol, args.seed, log))
     _print_table(stream, checks, model, device, dtype, options, args.kernels)
     failed = [c for c in checks if c.passed is False]
     _say(
@@ -652,3 +653,74 @@ def _print_table(
     for c in checks:
         status = "info" if c.passed is None else ("PASS" if c.passed else "FAIL")
         _say(stream, f"{c.name:<{w_name}}  {c.value:<{w_val}}  {status:<6}  {c.detail}")
+
+
+def _spec_checks(
+    model: NemotronH,
+    options: RuntimeOptions,
+    tol: Tolerances,
+    seed: int,
+    log: TextIO | None,
+) -> list[Check]:
+    """Spec decode vs plain decode: one greedy workload run plainly and with speculation
+    (n-gram drafts, verify + commit graphs). The KL is taken at every position whose
+    context (the tokens before it) both runs share: all of them while the greedy tokens
+    agree, up to the first divergence otherwise."""
+    interval = options.track_interval
+    spec = min(4, interval - 1)
+    gen = torch.Generator().manual_seed(seed + 1)
+    vocab = model.config.vocab_size
+    items: list[WorkItem] = []
+    for i in range(3):
+        n = interval + 3 + 2 * i  # crosses 2 * interval while decoding
+        toks = [int(t) for t in torch.randint(0, vocab, (n,), generator=gen)]
+        if i % 2 == 0:  # a looping prompt: drafts to accept from the first step
+            toks = (toks[:5] * n)[:n]
+        items.append(WorkItem(prompt=tuple(toks), max_new_tokens=interval + 2, kind="spec"))
+    if log is not None:
+        _say(log, f"[spec] plain vs speculative decoding ({spec} draft tokens, n-gram drafts)")
+    plain, rt_p = _run(model, options, [items], None, "plain", log)
+    fast, rt_s = _run(model, attrs.evolve(options, spec_tokens=spec), [items], None, "spec", log)
+    same = sum(f.output == p.output for f, p in zip(fast, plain, strict=True))
+    kls = []
+    for f, p in zip(fast, plain, strict=True):
+        diverge = next(
+            (i for i, (a, b) in enumerate(zip(f.output, p.output, strict=True)) if a != b),
+            len(p.output) - 1,
+        )
+        kls.append(kl_per_position(f.logprobs[: diverge + 1], p.logprobs[: diverge + 1]))
+    kl = torch.cat(kls)
+    v = _reduce(kl, tol.reduce)
+    fp32 = model.embeddings.weight.dtype == torch.float32
+    p_tps = rt_p.decode_tokens / max(rt_p.decode_seconds, 1e-9)
+    s_tps = rt_s.decode_tokens / max(rt_s.decode_seconds, 1e-9)
+    return [
+        Check(
+            name="spec decode vs plain decode: greedy tokens",
+            value=f"{same}/{len(plain)} identical",
+            detail=f"{spec} draft tokens; {rt_s.backend_name} graphs; must match on fp32"
+            if fp32
+            else f"{spec} draft tokens; informational on bf16 (see KL)",
+            passed=same == len(plain) if fp32 else None,
+        ),
+        Check(
+            name="spec decode vs plain decode: KL",
+            value=f"KL {tol.reduce} {v:.2e}",
+            detail=f"{kl.numel()} positions with the same context; limit {tol.graph_vs_eager:.0e}",
+            passed=v <= tol.graph_vs_eager,
+        ),
+        Check(
+            name="spec decode acceptance rate",
+            value=f"{rt_s.acceptance_rate:.0%}",
+            detail=f"{rt_s.accepted_tokens}/{rt_s.drafted_tokens} drafts accepted; "
+            f"{rt_s.decode_tokens / max(rt_s.verify_rows, 1):.2f} tokens per row and verify; "
+            f"{rt_s.verify_steps} verify steps for {rt_s.decode_tokens} tokens",
+            passed=None,
+        ),
+        Check(
+            name="decode tokens/s spec vs plain",
+            value=f"{s_tps:,.0f} vs {p_tps:,.0f}",
+            detail=f"x{s_tps / max(p_tps, 1e-9):.2f}; both with graphs",
+            passed=None,
+        ),
+    ]

@@ -5,12 +5,18 @@ prefix), so :mod:`hybridmeta.runtime.loader` loads a state dict without renaming
 
 Every Mamba2 layer reads one thing: the forward's :class:`~hybridmeta.model.Mamba2Metadata`
 (built by :mod:`hybridmeta.planner`), and runs the ops of :mod:`hybridmeta.kernels` on it
-(Triton on CUDA, the ops' references on the CPU: the op call's choice). Two entry points
-run all layers: :meth:`NemotronH.forward_prefill` over the flat tokens of a forward's
-prefill rows and :meth:`NemotronH.forward_decode` over one token per row with fixed
-shapes, which is what a decode graph captures. Both end with the forward's track-save
+(Triton on CUDA, the ops' references on the CPU: the op call's choice). Three entry
+points run all layers: :meth:`NemotronH.forward_prefill` over the flat tokens of a
+forward's prefill rows, :meth:`NemotronH.forward_decode` over one token per row with fixed
+shapes, which is what a decode graph captures, and :meth:`NemotronH.forward_verify` over
+``draft_token_num`` tokens per row of a speculative target-verify forward (fixed shapes:
+what a verify graph captures). Prefill and decode end with the forward's track-save
 (:func:`~hybridmeta.kernels.track_save_from_metadata`): rows flagged in
-``mamba_track_mask`` save their state into their track slot.
+``mamba_track_mask`` save their state into their track slot. A verify forward writes no
+slot: its Mamba2 layers keep the state after every draft token in the pool's intermediate
+buffers, and the commit (:func:`~hybridmeta.kernels.spec_commit_from_metadata`, the
+engine's, once the draft is judged) copies the accepted one into the working slot and the
+one on a track boundary into the track slot.
 """
 
 from __future__ import annotations
@@ -41,7 +47,8 @@ class Forward:
     attention : AttentionPlan or None
         The attention layers' plan of a prefill forward (``None``: a decode forward).
     positions : torch.Tensor or None
-        ``[B]`` position of each decode row's token (attention; ``None`` in prefill).
+        ``[B]`` position of each decode row's token, ``[B * T]`` of each verify token
+        (attention; ``None`` in prefill).
     """
 
     md: Mamba2Metadata
@@ -176,7 +183,9 @@ class Mamba2Mixer(nn.Module):
                 md, xbc=xbc_p, conv=conv, scan=scan, conv_state=conv_state, ssm_state=ssm_state
             )
             parts.append(scan.y.reshape(tp, -1))
-        if md.num_decodes:
+        if md.is_target_verify:
+            parts.append(self._verify(md, fwd.pool, xbc, dt_p, A, conv_state, ssm_state, weight))
+        elif md.num_decodes:
             u = kernels.causal_conv1d_update_from_metadata(
                 md, xbc[tp:], conv_state, weight, self.conv1d.bias
             )
@@ -188,6 +197,33 @@ class Mamba2Mixer(nn.Module):
         y_all = parts[0] if len(parts) == 1 else torch.cat(parts)
         out: torch.Tensor = self.out_proj(self.norm(y_all, z).to(h.dtype))
         return out
+
+    def _verify(
+        self,
+        md: Mamba2Metadata,
+        pool: StatePool,
+        xbc: torch.Tensor,
+        dt_p: torch.Tensor,
+        A: torch.Tensor,
+        conv_state: torch.Tensor,
+        ssm_state: torch.Tensor,
+        weight: torch.Tensor,
+    ) -> torch.Tensor:
+        """The verify rows: ``T = md.draft_token_num`` tokens each, no slot written; the
+        state after every token goes to this layer's intermediate buffers ``[:B, :T]``."""
+        B, T = md.num_decodes, md.draft_token_num
+        H, D, G, N = self.num_heads, self.head_dim, self.n_groups, self.state_size
+        inter_conv, inter_ssm = pool.verify_states(B, T)
+        u = kernels.conv_verify_update_from_metadata(
+            md, xbc.view(B, T, -1), conv_state, weight, self.conv1d.bias,
+            inter=inter_conv[self.index],
+        )  # fmt: skip
+        x, b, c = kernels.split_xbc(u.view(B * T, -1), H, D, G, N)
+        y = kernels.ssm_verify_update_from_metadata(
+            md, ssm_state, x.view(B, T, H, D), dt_p.view(B, T, H), A, b.view(B, T, G, N),
+            c.view(B, T, G, N), D=self.D, inter=inter_ssm[self.index],
+        )  # fmt: skip
+        return y.reshape(B * T, -1)
 
 
 class Attention(nn.Module):
@@ -246,12 +282,42 @@ class Attention(nn.Module):
             return res
         assert fwd.positions is not None
         slot = fwd.md.mamba_cache_indices
+        if fwd.md.is_target_verify:
+            return self._verify(q, k, v, kc, vc, keys, fwd)
         kc.index_put_((slot, fwd.positions), k.to(kc.dtype))
         vc.index_put_((slot, fwd.positions), v.to(vc.dtype))
         mask = keys[None, None, :] <= fwd.positions[:, None, None]  # [B, 1, M]
         out = self._attend(q[:, None], kc[slot], vc[slot], mask)
         dec: torch.Tensor = self.o_proj(out[:, 0])
         return dec
+
+    def _verify(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kc: torch.Tensor,
+        vc: torch.Tensor,
+        keys: torch.Tensor,
+        fwd: Forward,
+    ) -> torch.Tensor:
+        """``T`` draft tokens per row (a chain): each token's KV is written at its position
+        in the row's slot, and each token attends to the row's keys up to its own position
+        (the committed prefix and the drafts before it). KV rows of drafts that will be
+        rejected lie past the accepted length: the next forward overwrites them before any
+        query reaches them, and until then the causal mask hides them."""
+        assert fwd.positions is not None
+        md = fwd.md
+        B, T = md.num_decodes, md.draft_token_num
+        slot = md.mamba_cache_indices  # [B]
+        pos = fwd.positions.view(B, T)
+        token_slot = slot[:, None].expand(B, T)
+        kc.index_put_((token_slot, pos), k.view(B, T, *k.shape[1:]).to(kc.dtype))
+        vc.index_put_((token_slot, pos), v.view(B, T, *v.shape[1:]).to(vc.dtype))
+        mask = keys[None, None, :] <= pos[:, :, None]  # [B, T, M]
+        out = self._attend(q.view(B, T, *q.shape[1:]), kc[slot], vc[slot], mask)
+        res: torch.Tensor = self.o_proj(out.reshape(B * T, -1))
+        return res
 
 
 class Block(nn.Module):
@@ -320,8 +386,10 @@ class NemotronH(nn.Module):
             assert isinstance(layer, Block)
             delta, residual = layer.forward(delta, residual, fwd)
         # The forward's track-save: every row flagged in mamba_track_mask (a decode row at a
-        # boundary, a prefill row whose boundary is its last token) saves its state now.
-        kernels.track_save_from_metadata(fwd.md, fwd.pool.conv, fwd.pool.ssm)
+        # boundary, a prefill row whose boundary is its last token) saves its state now. A
+        # verify forward's boundaries are saved by its commit, once the draft is judged.
+        if not fwd.md.is_target_verify:
+            kernels.track_save_from_metadata(fwd.md, fwd.pool.conv, fwd.pool.ssm)
         out: torch.Tensor = self.norm_f(delta, residual)[0]
         return out
 
@@ -375,5 +443,42 @@ class NemotronH(nn.Module):
         md : Mamba2Metadata
             Decode metadata of exactly ``B`` rows (pad rows carry slot ``-1``).
         """
+        if md.is_target_verify:
+            raise ValueError(
+                "NemotronH.forward_decode: the metadata is a target-verify forward; use "
+                "forward_verify"
+            )
+        h = self.embeddings(input_ids)
+        return self.logits(self._layers(h, Forward(md=md, pool=pool, positions=positions)))
+
+    def forward_verify(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        md: Mamba2Metadata,
+        pool: StatePool,
+    ) -> torch.Tensor:
+        """A speculative target-verify forward: ``[B * T]`` tokens -> ``[B * T, V]`` logits.
+
+        Row ``b``'s tokens are ``input_ids[b * T : (b + 1) * T]``: its pending token, then
+        its draft (a chain). Logits of token ``t`` judge draft token ``t + 1``. No state
+        slot is written: the Mamba2 layers leave the state after each token in the pool's
+        intermediate buffers for the commit. Capturable (fixed shapes, no host reads).
+
+        Parameters
+        ----------
+        input_ids, positions : torch.Tensor
+            ``[B * T]`` int64 token and position of each token (pad rows: any value).
+        md : Mamba2Metadata
+            Target-verify metadata (:func:`~hybridmeta.model.prepare_target_verify`) of
+            exactly ``B`` rows and ``T = md.draft_token_num``.
+        """
+        n = md.num_decodes * md.draft_token_num
+        if not md.is_target_verify or input_ids.shape != (n,) or positions.shape != (n,):
+            raise ValueError(
+                f"NemotronH.forward_verify: needs target-verify metadata and input_ids / "
+                f"positions of shape ({n},) (rows x draft_token_num), got is_target_verify="
+                f"{md.is_target_verify}, {tuple(input_ids.shape)} and {tuple(positions.shape)}"
+            )
         h = self.embeddings(input_ids)
         return self.logits(self._layers(h, Forward(md=md, pool=pool, positions=positions)))

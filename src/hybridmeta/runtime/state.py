@@ -72,6 +72,11 @@ class StatePool:
     k, v : torch.Tensor
         ``[L_attn, S + 1, max_len, KVH, head_dim]`` attention KV by slot and position; row
         ``S`` (index ``-1``) is the pad rows' scratch.
+    inter_conv, inter_ssm : torch.Tensor or None
+        Speculative verify only: ``[L_mamba, R, T, conv_dim, K-1]`` (model dtype) and
+        ``[L_mamba, R, T, H, D, N]`` (fp32) states after each of ``T`` draft tokens of each of
+        ``R`` verify rows, per row (not per slot); the commit copies the accepted ones into
+        the slots. ``None`` without speculative decoding.
     """
 
     conv: torch.Tensor
@@ -81,6 +86,8 @@ class StatePool:
     num_working: int
     num_track: int
     max_len: int
+    inter_conv: torch.Tensor | None = None
+    inter_ssm: torch.Tensor | None = None
 
     @classmethod
     def allocate(
@@ -92,8 +99,11 @@ class StatePool:
         max_len: int,
         device: torch.device,
         dtype: torch.dtype,
+        verify_rows: int = 0,
+        verify_tokens: int = 0,
     ) -> StatePool:
-        """Allocate zeroed storage for ``num_working + num_track`` slots."""
+        """Allocate zeroed storage for ``num_working + num_track`` slots, and intermediate
+        states for ``verify_rows`` rows of ``verify_tokens`` draft tokens when both are > 0."""
         if num_working < 1:
             raise ValueError(f"StatePool: num_working must be >= 1, got {num_working}")
         if num_track < 0:
@@ -118,7 +128,42 @@ class StatePool:
         kv_shape = (la, s + 1, max_len, config.num_key_value_heads, config.head_dim)
         k = torch.zeros(kv_shape, device=device, dtype=dtype)
         v = torch.zeros(kv_shape, device=device, dtype=dtype)
-        return cls(conv, ssm, k, v, num_working, num_track, max_len)
+        if verify_rows < 0 or verify_tokens < 0:
+            raise ValueError(
+                f"StatePool: verify_rows and verify_tokens must be >= 0, got {verify_rows} and "
+                f"{verify_tokens}"
+            )
+        inter_conv = inter_ssm = None
+        if verify_rows and verify_tokens:
+            rt = (lm, verify_rows, verify_tokens)
+            inter_conv = torch.zeros(
+                *rt, config.conv_dim, config.conv_kernel - 1, device=device, dtype=dtype
+            )
+            inter_ssm = torch.zeros(
+                *rt,
+                config.mamba_num_heads,
+                config.mamba_head_dim,
+                config.ssm_state_size,
+                device=device,
+                dtype=torch.float32,
+            )
+        return cls(conv, ssm, k, v, num_working, num_track, max_len, inter_conv, inter_ssm)
+
+    def verify_states(self, rows: int, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(inter_conv, inter_ssm)`` views of exactly ``rows`` verify rows and ``tokens``
+        draft columns (what a verify forward of that shape writes and its commit reads)."""
+        if self.inter_conv is None or self.inter_ssm is None:
+            raise ValueError(
+                "StatePool: no intermediate-state buffers (allocate with verify_rows and "
+                "verify_tokens for speculative decoding)"
+            )
+        max_rows, max_tokens = self.inter_ssm.shape[1:3]
+        if not (0 < rows <= max_rows and 0 < tokens <= max_tokens):
+            raise ValueError(
+                f"StatePool: a verify of {rows} rows x {tokens} tokens does not fit the "
+                f"intermediate-state buffers ({max_rows} x {max_tokens})"
+            )
+        return self.inter_conv[:, :rows, :tokens], self.inter_ssm[:, :rows, :tokens]
 
     @property
     def num_slots(self) -> int:

@@ -1,11 +1,20 @@
-"""Hypothesis strategies for graphs: decode steps over a state pool, buckets, poison."""
+"""Hypothesis strategies for graphs: decode and verify steps over a state pool, buckets."""
 
 from __future__ import annotations
 
 import attrs
 from hypothesis import strategies as st
 
-__all__ = ["DecodeStepSpec", "bucket_sets", "decode_steps"]
+from tests.properties.strategies.kernels import draft_trees
+
+__all__ = [
+    "DecodeStepSpec",
+    "VerifyStepSpec",
+    "bucket_sets",
+    "decode_steps",
+    "draft_bucket_sets",
+    "verify_steps",
+]
 
 
 @attrs.frozen
@@ -61,3 +70,61 @@ def bucket_sets(draw: st.DrawFn, max_bs: int) -> tuple[int, ...]:
     """A sorted set of capture buckets that ends at ``max_bs``."""
     others = draw(st.sets(st.integers(1, max_bs - 1), max_size=3)) if max_bs > 1 else set()
     return tuple(sorted({*others, max_bs}))
+
+
+@attrs.frozen
+class VerifyStepSpec:
+    """Live rows of one speculative verify + commit step (physical slot ids).
+
+    Attributes
+    ----------
+    step : DecodeStepSpec
+        Working slots, track slots and flags, seed (as a decode step).
+    T : int
+        Draft columns of every row.
+    parents : tuple of tuple of int, or None
+        One draft tree per row (``retrieve_parent_token`` convention), ``None`` for chains.
+    accepted : tuple of int
+        Each row's verdict: the column of its last accepted token, ``-1`` for none.
+    track_token : tuple of int
+        Each row's boundary column, ``-1`` for none (used where the row is flagged).
+    """
+
+    step: DecodeStepSpec
+    T: int
+    parents: tuple[tuple[int, ...], ...] | None
+    accepted: tuple[int, ...]
+    track_token: tuple[int, ...]
+
+    @property
+    def bs(self) -> int:
+        return self.step.bs
+
+
+@st.composite
+def verify_steps(
+    draw: st.DrawFn,
+    *,
+    num_slots: int,
+    max_bs: int,
+    max_draft: int,
+    trees: bool,
+    min_bs: int = 1,
+) -> VerifyStepSpec:
+    """A verify step: ``min_bs <= bs <= max_bs`` rows of ``1 <= T <= max_draft`` drafts,
+    random trees (or chains), random accepted columns (``-1`` included) and boundaries."""
+    step = draw(decode_steps(num_slots=num_slots, max_bs=max_bs, min_bs=min_bs))
+    T = draw(st.integers(1, max_draft))
+    parents = tuple(draw(draft_trees(T)) for _ in range(step.bs)) if trees else None
+    cols = st.integers(-1, T - 1)
+    accepted = tuple(draw(cols) for _ in range(step.bs))
+    token = tuple(draw(cols) for _ in range(step.bs))
+    return VerifyStepSpec(step=step, T=T, parents=parents, accepted=accepted, track_token=token)
+
+
+@st.composite
+def draft_bucket_sets(draw: st.DrawFn, max_draft: int) -> tuple[int, ...]:
+    """A sorted set of captured draft lengths that ends at ``max_draft`` (some missing: a
+    step then pads its draft columns to the next one)."""
+    others = draw(st.sets(st.integers(1, max_draft - 1))) if max_draft > 1 else set()
+    return tuple(sorted({*others, max_draft}))
