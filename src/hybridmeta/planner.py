@@ -272,7 +272,7 @@ def _check_rows(
             f"plan_mixed_batch: slots[{r}] = {slots[r]}; the planner takes live rows only "
             "(pad rows are added by the graph buffers)"
         )
-    if np.unique(slots).shape[0] != n:
+    if _has_duplicate(slots):
         raise ValueError("plan_mixed_batch: slots has a duplicate working slot")
 
 
@@ -284,6 +284,8 @@ def _check_track(track_mask: npt.NDArray[np.bool_], track_slots: IntArray, slots
                 f"plan_mixed_batch: {name} has {arr.shape[0]} rows but extend_lens has {n}"
             )
     tracked = track_slots[track_mask]
+    if tracked.shape[0] == 0:
+        return
     if (tracked < 0).any():
         r = int(np.flatnonzero(track_mask)[np.argmax(tracked < 0)])
         raise ValueError(
@@ -297,8 +299,13 @@ def _check_track(track_mask: npt.NDArray[np.bool_], track_slots: IntArray, slots
             f"plan_mixed_batch: track_slots[{r}] = {track_slots[r]} is also a working slot of "
             "this batch; saving into it would overwrite a live state"
         )
-    if np.unique(tracked).shape[0] != tracked.shape[0]:
+    if _has_duplicate(tracked):
         raise ValueError("plan_mixed_batch: two tracked rows share one track slot")
+
+
+def _has_duplicate(values: IntArray) -> bool:
+    ordered = np.sort(values)
+    return bool((ordered[1:] == ordered[:-1]).any())
 
 
 def _ext_index(q: IntArray, row: IntArray, row_start: IntArray, total: int, k1: int) -> IntArray:
@@ -384,30 +391,6 @@ def plan_host(
     np.cumsum(ext, out=qsl[1:])
     total = int(qsl[n_pre])  # flattened prefill tokens
 
-    # Logical chunks: a new one at every physical chunk start and every row start (the
-    # rule of hybridmeta.chunks).
-    ind, off = chunk_indices_offsets(torch.from_numpy(qsl[: n_pre + 1]), L)
-    starts = (ind * L + off).numpy()
-    n_logical = starts.shape[0]
-    n_phys = -(-total // L)
-    ends = np.append(starts[1:], total).astype(np.int64)
-    seq_idx = np.repeat(np.arange(n_pre, dtype=np.int64), ext[:n_pre])
-    chunk_row = seq_idx[starts]
-    chunk_first = np.isin(starts, qsl[:n_pre]).astype(np.int64)
-    token_chunk = np.repeat(np.arange(n_logical, dtype=np.int64), ends - starts)
-    token_pos = np.arange(total, dtype=np.int64) - starts[token_chunk]
-    row_last_chunk = np.searchsorted(starts, qsl[1 : n_pre + 1], side="left") - 1
-    phys_last_chunk = np.searchsorted(starts, np.arange(1, n_phys + 1) * L, side="left") - 1
-
-    # Conv windows: token t reads positions t-(K-1) .. t; a row's final window is its last
-    # K-1 inputs.
-    tok = np.arange(total, dtype=np.int64)
-    q_tok = tok[:, None] - k1 + np.arange(conv_kernel, dtype=np.int64)[None, :]
-    token_conv = _ext_index(q_tok, seq_idx[:, None], qsl[seq_idx][:, None], total, k1)
-    rows_p = np.arange(n_pre, dtype=np.int64)
-    q_fin = qsl[1 : n_pre + 1, None] - k1 + np.arange(k1, dtype=np.int64)[None, :]
-    final_conv = _ext_index(q_fin, rows_p[:, None], qsl[:n_pre, None], total, k1)
-
     # Track plan: each tracked row's last boundary b = floor((prefix+extend)/I)*I.
     interval = track_interval if track_interval is not None else 1
     end_abs = pre + ext
@@ -417,25 +400,55 @@ def plan_host(
     is_final = saves & (k == ext)
     mid = saves & (k < ext)  # only prefill rows: decode rows have ext == 1
     g = qsl[:-1] + k  # flattened position after the boundary token
-    on_grid = mid & (g % L == 0)
-    off_grid = mid & ~on_grid
-    h_rows = np.flatnonzero(on_grid)
-    rc_rows = np.flatnonzero(off_grid)
-    h_chunk = phys_last_chunk[g[h_rows] // L - 1]
-    rc_g = g[rc_rows]
-    rc_chunk = np.searchsorted(starts, rc_g - 1, side="right") - 1
-    rc_len = rc_g - starts[rc_chunk]
-    mid_rows = np.concatenate([h_rows, rc_rows])
-    q_mid = g[mid_rows][:, None] - k1 + np.arange(k1, dtype=np.int64)[None, :]
-    mid_conv = _ext_index(q_mid, mid_rows[:, None], qsl[mid_rows][:, None], total, k1)
-
     parts: dict[str, IntArray] = {
         "query_start_loc": qsl,
         "slots": slt,
         "track_slots": np.where(saves, tslots, -1),
         "track_mask": is_final.astype(np.int64),
     }
+    h_rows = rc_rows = np.zeros(0, dtype=np.int64)
     if n_pre:
+        # The prefill plan: chunks, conv windows, mid-row saves. A decode-only batch (the
+        # hot path of a decode step) skips all of it: its rows have one token each, so a
+        # save is always the row's final token.
+        #
+        # Logical chunks: a new one at every physical chunk start and every row start (the
+        # rule of hybridmeta.chunks).
+        ind, off = chunk_indices_offsets(torch.from_numpy(qsl[: n_pre + 1]), L)
+        starts = (ind * L + off).numpy()
+        n_logical = starts.shape[0]
+        n_phys = -(-total // L)
+        ends = np.append(starts[1:], total).astype(np.int64)
+        seq_idx = np.repeat(np.arange(n_pre, dtype=np.int64), ext[:n_pre])
+        chunk_row = seq_idx[starts]
+        chunk_first = np.isin(starts, qsl[:n_pre]).astype(np.int64)
+        token_chunk = np.repeat(np.arange(n_logical, dtype=np.int64), ends - starts)
+        token_pos = np.arange(total, dtype=np.int64) - starts[token_chunk]
+        row_last_chunk = np.searchsorted(starts, qsl[1 : n_pre + 1], side="left") - 1
+        phys_last_chunk = np.searchsorted(starts, np.arange(1, n_phys + 1) * L, side="left") - 1
+
+        # Conv windows: token t reads positions t-(K-1) .. t; a row's final window is its
+        # last K-1 inputs.
+        tok = np.arange(total, dtype=np.int64)
+        q_tok = tok[:, None] - k1 + np.arange(conv_kernel, dtype=np.int64)[None, :]
+        token_conv = _ext_index(q_tok, seq_idx[:, None], qsl[seq_idx][:, None], total, k1)
+        rows_p = np.arange(n_pre, dtype=np.int64)
+        q_fin = qsl[1 : n_pre + 1, None] - k1 + np.arange(k1, dtype=np.int64)[None, :]
+        final_conv = _ext_index(q_fin, rows_p[:, None], qsl[:n_pre, None], total, k1)
+
+        # Mid-row saves: on the chunk grid (the chunk's end state) or recomputed.
+        on_grid = mid & (g % L == 0)
+        off_grid = mid & ~on_grid
+        h_rows = np.flatnonzero(on_grid)
+        rc_rows = np.flatnonzero(off_grid)
+        h_chunk = phys_last_chunk[g[h_rows] // L - 1]
+        rc_g = g[rc_rows]
+        rc_chunk = np.searchsorted(starts, rc_g - 1, side="right") - 1
+        rc_len = rc_g - starts[rc_chunk]
+        mid_rows = np.concatenate([h_rows, rc_rows])
+        q_mid = g[mid_rows][:, None] - k1 + np.arange(k1, dtype=np.int64)[None, :]
+        mid_conv = _ext_index(q_mid, mid_rows[:, None], qsl[mid_rows][:, None], total, k1)
+
         parts.update(
             {
                 "has_init": (pre[:n_pre] > 0).astype(np.int64),
