@@ -130,6 +130,41 @@ def _close_state(
     )
 
 
+def _close_out_to_own_states(v: Verified, t: kst.SpecTensors, case: kst.SpecCase) -> None:
+    """SSM output on the CPU interpreter with a bf16 state: ``out`` against the kernel's own states.
+
+    There each token's state is truncated to bf16 where torch rounds, so the reference's
+    states drift from the kernel's by bf16 steps. The output of token ``t`` is
+    ``(C_t . h_t + D x_t) silu(z_t)`` of the fp32 state ``h_t`` whose bf16 copy the kernel
+    stored in ``inter``; they differ by at most one bf16 truncation (``2**-7`` relative),
+    so the bound per element is ``2**-7 * sum_n |C_n| |inter_n| * |silu(z)|`` (doubled, plus
+    fp32 slack). Dead columns are zero (checked by :func:`_check_tails`).
+    """
+    bs, T = case.bs, case.T
+    keep = _keep(case)
+    inter = torch.nan_to_num(v.inter[:bs, :T].float()) * keep[:, :, None, None, None]
+    rep = case.nheads // case.ngroups
+    Ch = t.C.float().repeat_interleave(rep, dim=2)  # [bs, T, H, N]
+    y = torch.einsum("bthpn,bthn->bthp", inter, Ch)
+    scale = torch.einsum("bthpn,bthn->bthp", inter.abs(), Ch.abs())
+    if t.D is not None:
+        y = y + t.x.float() * t.D.float()[None, None, :, None]
+    gate = torch.ones_like(y)
+    if t.z is not None:
+        gate = torch.nn.functional.silu(t.z.float())
+    expected = y * gate * keep[:, :, None, None]
+    # The output's own rounding to the activation dtype (truncation here too).
+    out_ulp = {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}.get(case.act_dtype, 0.0)
+    bound = 2 * 2.0**-7 * scale * gate.abs() + (1e-4 + out_ulp) * (1 + expected.abs())
+    err = (v.out[:bs, :T].float() - expected).abs()
+    assert not bool(torch.isnan(v.out[:bs, :T]).any()), "ssm out: NaN"
+    worst = int(torch.argmax(err - bound))
+    assert bool((err <= bound).all()), (
+        f"ssm out: element {worst} (flat) differs from the output of the kernel's own state by "
+        f"{err.flatten()[worst]:.3g} > bound {bound.flatten()[worst]:.3g}"
+    )
+
+
 def _check_tails(v: Verified, case: kst.SpecCase) -> None:
     """Nothing past the live corner, and no dead (row, column) block, was written."""
     bs, T = case.bs, case.T
@@ -163,7 +198,10 @@ def test_verify_matches_reference_and_ignores_stale_tails(case: kst.SpecCase) ->
     )  # fmt: skip
     keep = _keep(case)
     _check_tails(v, case)
-    _close_state(v.out[:bs, :T], ref_out, case, "ssm out", conv=False)
+    if DEVICE.type == "cuda" or case.state_dtype != torch.bfloat16:
+        assert_close(v.out[:bs, :T], ref_out, "ssm out")
+    else:
+        _close_out_to_own_states(v, t, case)
     _close_state(v.inter[:bs, :T][keep], ref_inter[keep], case, "ssm inter", conv=False)
     _close_state(v.out_conv[:bs, :T], ref_oc, case, "conv out", conv=True)
     _close_state(v.inter_conv[:bs, :T][keep], ref_ic[keep], case, "conv inter", conv=True)
