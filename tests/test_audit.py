@@ -49,6 +49,30 @@ def prepare(fwd: Fwd) -> Md:
     assert "does not pass 'flag': it silently takes the default False" in f.text()
 
 
+def test_nested_function_checked_once_with_its_closure_types(tmp_path: Path) -> None:
+    p = _write(tmp_path, "m.py", BASE + '''
+@dataclass(kw_only=True)
+class Md(Fwd):
+    n: int
+
+def outer(fwd: Fwd) -> Md:
+    def own(src: Fwd) -> Md:
+        return Md(qsl=src.qsl, slots=src.slots, track=src.track, n=1)
+
+    def closure() -> Md:
+        return Md(qsl=fwd.qsl, slots=fwd.slots, track=fwd.track, n=2)
+
+    return own(fwd) if fwd.flag else closure()
+''')
+    result = audit_paths([p])
+    # One finding per call, named after the function that makes it; `fwd` is typed in the
+    # enclosing function's scope.
+    assert sorted(_fields([p])) == [
+        ("HM001", "outer.closure", "flag"), ("HM001", "outer.own", "flag"),
+    ]  # fmt: skip
+    assert result.calls_checked == 2  # each constructor call once
+
+
 def test_classes_resolve_across_files_and_through_inheritance(tmp_path: Path) -> None:
     a = _write(tmp_path, "a.py", BASE)
     b = _write(tmp_path, "b.py", '''

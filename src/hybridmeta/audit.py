@@ -47,9 +47,6 @@ _FIELD_CALLS = {
     "tensor_field", "hybridmeta.tensor_field", "hybridmeta.field",
 }  # fmt: skip
 _REPLACE = {"replace", "dataclasses.replace", "attrs.evolve", "attr.evolve", "evolve"}
-_OPAQUE = object()
-
-
 @dataclass(frozen=True)
 class FieldDef:
     """One constructor field of a class as declared in source."""
@@ -309,18 +306,33 @@ class _Scope:
     types: dict[str, list[str]]  # local name -> candidate class names
 
 
-def _functions(tree: ast.Module) -> Iterator[tuple[ast.FunctionDef | ast.AsyncFunctionDef, str | None, str]]:
-    def visit(body: list[ast.stmt], cls: str | None, prefix: str) -> Iterator[
-        tuple[ast.FunctionDef | ast.AsyncFunctionDef, str | None, str]
-    ]:
+_Fn = ast.FunctionDef | ast.AsyncFunctionDef
+
+
+def _functions(tree: ast.Module) -> Iterator[tuple[_Fn, str | None, str, _Fn | None]]:
+    """Every function with its class, qualified name and enclosing function (parents first)."""
+
+    def visit(
+        body: list[ast.stmt], cls: str | None, prefix: str, parent: _Fn | None
+    ) -> Iterator[tuple[_Fn, str | None, str, _Fn | None]]:
         for node in body:
             if isinstance(node, ast.ClassDef):
-                yield from visit(node.body, node.name, f"{prefix}{node.name}.")
+                yield from visit(node.body, node.name, f"{prefix}{node.name}.", None)
             elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                yield node, cls, f"{prefix}{node.name}"
-                yield from visit(node.body, cls, f"{prefix}{node.name}.")
+                yield node, cls, f"{prefix}{node.name}", parent
+                yield from visit(node.body, cls, f"{prefix}{node.name}.", node)
 
-    yield from visit(tree.body, None, "")
+    yield from visit(tree.body, None, "", None)
+
+
+def _own_nodes(fn: _Fn) -> Iterator[ast.AST]:
+    """The nodes of ``fn``'s own body: nested functions and classes are their own scopes."""
+    todo: list[ast.AST] = [*fn.body]
+    while todo:
+        node = todo.pop()
+        yield node
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            todo.extend(ast.iter_child_nodes(node))
 
 
 @dataclass
@@ -355,9 +367,7 @@ def _module_facts(tree: ast.Module) -> _Module:
     return facts
 
 
-def _scope_types(
-    fn: ast.FunctionDef | ast.AsyncFunctionDef, facts: _Module | None = None
-) -> dict[str, list[str]]:
+def _scope_types(fn: _Fn, facts: _Module | None = None) -> dict[str, list[str]]:
     facts = facts or _Module()
     types: dict[str, list[str]] = {}
     args = fn.args
@@ -365,7 +375,7 @@ def _scope_types(
         names = facts.expand(_type_names(a.annotation))
         if names:
             types[a.arg] = names
-    for node in ast.walk(fn):
+    for node in _own_nodes(fn):
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             types.setdefault(node.target.id, facts.expand(_type_names(node.annotation)))
         elif (
@@ -590,9 +600,13 @@ def audit_paths(paths: Sequence[str]) -> AuditResult:
         for k, v in one.returns.items():
             facts.returns.setdefault(k, v)
     for path, tree in trees:
-        for fn, cls, qual in _functions(tree):
-            scope = _Scope(path, qual, cls, _scope_types(fn, facts))
-            for node in ast.walk(fn):
+        scopes: dict[int, dict[str, list[str]]] = {}
+        for fn, cls, qual, parent in _functions(tree):
+            # A nested function sees its enclosing function's names (closures), its own win.
+            types = {**scopes.get(id(parent), {}), **_scope_types(fn, facts)}
+            scopes[id(fn)] = types
+            scope = _Scope(path, qual, cls, types)
+            for node in _own_nodes(fn):
                 if isinstance(node, ast.Call):
                     auditor.check_call(node, scope)
     incomplete = [c.qualname for c in classes.all if not c.complete]
@@ -602,13 +616,12 @@ def audit_paths(paths: Sequence[str]) -> AuditResult:
             "classes with a base outside the given files (their inherited fields are not "
             f"checked): {', '.join(sorted(set(incomplete)))}"
         )
-    # Nested functions are walked twice (inside their parent too): drop duplicates.
-    unique = sorted(set(auditor.findings), key=lambda f: (f.path, f.line, f.col, f.field))
+    findings = sorted(auditor.findings, key=lambda f: (f.path, f.line, f.col, f.field))
     return AuditResult(
         files=[str(f) for f in files],
         classes=len(classes.all),
         calls_checked=auditor.calls,
-        findings=unique,
+        findings=findings,
         notes=notes,
     )
 

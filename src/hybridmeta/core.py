@@ -195,11 +195,6 @@ class Role(enum.Enum):
         """Whether the field holds virtual ids when a slot table is in use."""
         return self is Role.WORKING_SLOT
 
-    @property
-    def sentinel_padded(self) -> bool:
-        """Whether a live row may never hold the pad value."""
-        return self is Role.WORKING_SLOT
-
 
 _TENSOR_ROLES: Final = frozenset(
     {Role.DATA, Role.WORKING_SLOT, Role.TRACK_SLOT, Role.TRACK_MASK, Role.SLOT, Role.ENGINE_ONLY}

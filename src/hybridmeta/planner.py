@@ -93,8 +93,6 @@ class MixedHostPlan:
         Track fields are present (``track_mask`` was given).
     any_final_save : bool
         Some row saves its final state this step (``has_mamba_track_mask``).
-    query_start_loc_cpu, extend_lens, prefix_lens : tuple of int
-        Host copies.
     final_rows, h_rows, recompute_rows : tuple of int
         Which rows save which kind of boundary (host copies, for logs and tests).
     """
@@ -107,9 +105,6 @@ class MixedHostPlan:
     conv_kernel: int
     track: bool
     any_final_save: bool
-    query_start_loc_cpu: tuple[int, ...]
-    extend_lens: tuple[int, ...]
-    prefix_lens: tuple[int, ...]
     final_rows: tuple[int, ...]
     h_rows: tuple[int, ...]
     recompute_rows: tuple[int, ...]
@@ -120,23 +115,14 @@ class MixedHostPlan:
         ``engine`` passes further ``ForwardMetadata`` fields of the engine's own (e.g.
         ``mamba_track_mask_indices``) through the same constructor.
         """
-        v = _views(views)
-        track = self.track
-        return ForwardMetadata(
-            query_start_loc=v["query_start_loc"],
-            mamba_cache_indices=v["slots"],
-            mamba_track_indices=v["track_slots"] if track else None,
-            mamba_track_mask=(v["track_mask"] != 0) if track else None,
-            has_mamba_track_mask=self.any_final_save,
-            **engine,  # type: ignore[arg-type]
-        )
+        return _forward(_views(views), self.track, self.any_final_save, **engine)
 
     def metadata(self, views: Mapping[str, torch.Tensor], **engine: object) -> Mamba2Metadata:
         """The forward's ``Mamba2Metadata`` over staged ``views`` of :attr:`arrays`."""
-        fwd = self.forward(views, **engine)
+        v = _views(views)
+        fwd = _forward(v, self.track, self.any_final_save, **engine)
         if not self.num_prefills:
             return prepare_decode(fwd)
-        v = _views(views)
         k1 = self.conv_kernel - 1
         mixed = MixedMetadata(
             has_initial_states=v["has_init"] != 0,
@@ -174,14 +160,30 @@ class MixedHostPlan:
         )
 
 
-def _views(views: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    out = {k[len(_P) :]: t for k, t in views.items() if k.startswith(_P)}
+def _views(
+    views: Mapping[str, torch.Tensor], prefix: str = _P, owner: str = "MixedHostPlan"
+) -> dict[str, torch.Tensor]:
+    out = {k[len(prefix) :]: t for k, t in views.items() if k.startswith(prefix)}
     if "slots" not in out:
         raise ValueError(
-            "MixedHostPlan: views must hold the staged MixedHostPlan.arrays (keys "
-            f"'{_P}<name>'); got {sorted(views)[:4]}"
+            f"{owner}: views must hold the staged {owner}.arrays (keys "
+            f"'{prefix}<name>'); got {sorted(views)[:4]}"
         )
     return out
+
+
+def _forward(
+    v: Mapping[str, torch.Tensor], track: bool, any_save: bool, **fields: object
+) -> ForwardMetadata:
+    """The ``ForwardMetadata`` of a staged plan (mixed or verify): offsets, slots, tracking."""
+    return ForwardMetadata(
+        query_start_loc=v["query_start_loc"],
+        mamba_cache_indices=v["slots"],
+        mamba_track_indices=v["track_slots"] if track else None,
+        mamba_track_mask=(v["track_mask"] != 0) if track else None,
+        has_mamba_track_mask=any_save,
+        **fields,  # type: ignore[arg-type]
+    )
 
 
 def _check_host(name: str, value: torch.Tensor) -> None:
@@ -479,12 +481,9 @@ def plan_host(
         conv_kernel=conv_kernel,
         track=track_mask is not None,
         any_final_save=bool(is_final.any()),
-        query_start_loc_cpu=tuple(int(v) for v in qsl),
-        extend_lens=tuple(int(v) for v in ext),
-        prefix_lens=tuple(int(v) for v in pre),
-        final_rows=tuple(int(r) for r in np.flatnonzero(is_final)),
-        h_rows=tuple(int(r) for r in h_rows),
-        recompute_rows=tuple(int(r) for r in rc_rows),
+        final_rows=tuple(np.flatnonzero(is_final).tolist()),
+        h_rows=tuple(h_rows.tolist()),
+        recompute_rows=tuple(rc_rows.tolist()),
     )
 
 
@@ -549,23 +548,11 @@ class VerifyHostPlan:
         ``retrieve_parent_token``, ``retrieve_next_token``, ``retrieve_next_sibling``, each
         ``[num_rows, draft_token_num]``) through the same constructor.
         """
-        v = {k[len(_PV) :]: t for k, t in views.items() if k.startswith(_PV)}
-        if "slots" not in v:
-            raise ValueError(
-                "VerifyHostPlan: views must hold the staged VerifyHostPlan.arrays (keys "
-                f"'{_PV}<name>'); got {sorted(views)[:4]}"
-            )
-        track = self.track
-        return ForwardMetadata(
-            query_start_loc=v["query_start_loc"],
-            mamba_cache_indices=v["slots"],
-            mamba_track_indices=v["track_slots"] if track else None,
-            mamba_track_mask=(v["track_mask"] != 0) if track else None,
-            has_mamba_track_mask=self.any_track,
-            is_target_verify=True,
-            draft_token_num=self.draft_token_num,
-            **engine,  # type: ignore[arg-type]
-        )
+        v = _views(views, _PV, "VerifyHostPlan")
+        return _forward(
+            v, self.track, self.any_track,
+            is_target_verify=True, draft_token_num=self.draft_token_num, **engine,
+        )  # fmt: skip
 
     def metadata(self, views: Mapping[str, torch.Tensor], **engine: object) -> Mamba2Metadata:
         """The verify forward's ``Mamba2Metadata`` (:func:`~hybridmeta.model.prepare_target_verify`)."""
@@ -604,7 +591,7 @@ def plan_verify_host(
     n = slt.shape[0]
     if n == 0:
         raise ValueError("plan_verify: the batch has no rows")
-    if (slt < 0).any() or np.unique(slt).shape[0] != n:
+    if (slt < 0).any() or _has_duplicate(slt):
         raise ValueError("plan_verify: slots must be distinct working slots >= 0 (live rows only)")
     if (track_mask is None) != (track_slots is None):
         raise ValueError("plan_verify: track_mask and track_slots are given together")

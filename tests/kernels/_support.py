@@ -55,6 +55,11 @@ def assert_slots_bitwise(
     )
 
 
+def strided(t: torch.Tensor) -> torch.Tensor:
+    """The same values as the 1-D ``t`` in a non-contiguous view (stride 2)."""
+    return t.repeat_interleave(2)[::2]
+
+
 def bits(t: torch.Tensor) -> torch.Tensor:
     """The raw bytes of ``t`` (any layout), for bit-exact comparisons (NaN == NaN)."""
     # A fresh buffer: `.contiguous()` may keep an odd stride on size-1 dims.

@@ -9,7 +9,7 @@ import torch
 
 from hybridmeta import debug_mode
 from hybridmeta.kernels import causal_conv1d_update, conv_verify_update
-from tests.kernels._support import assert_close, bits, conv_verify_update_ref
+from tests.kernels._support import assert_close, bits, conv_verify_update_ref, strided
 from tests.kernels.test_ops import _hybridmeta_ops
 
 DIM, K, SLOTS, BS, T = 24, 4, 8, 3, 4
@@ -172,3 +172,16 @@ def test_debug_mode_refuses_bad_indices(change: dict[str, torch.Tensor], match: 
         _call({**a, "out": out})
     assert bool(torch.isnan(a["inter"]).all())
     assert bool(torch.isnan(out).all())
+
+
+@pytest.mark.parametrize("name", ['cache_indices', 'bias'])
+def test_strided_1d_argument_is_refused_and_writes_nothing(name: str) -> None:
+    """The kernels read entry ``i`` of a 1-D argument at offset ``i``: a strided view would
+    hand them other rows' values (and other slots to write)."""
+    a = _args()
+    a[name] = strided(a[name])
+    before = {k: bits(v) for k, v in a.items() if isinstance(v, torch.Tensor)}
+    with pytest.raises(ValueError, match=rf"`{name}` must be contiguous"):
+        _call(a)
+    for k, v in before.items():
+        assert torch.equal(bits(a[k]), v), k

@@ -28,6 +28,7 @@ from tests.kernels._support import (
     bits,
     causal_conv1d_update_ref,
     ssm_state_update_ref,
+    strided,
     track_save_ref,
 )
 
@@ -484,3 +485,43 @@ def test_every_op_runs_under_fake_tensors() -> None:
         "hybridmeta.causal_conv1d_update.default",
         "hybridmeta.track_save.default",
     ]
+
+
+@pytest.mark.parametrize("name", ['state_indices', 'A', 'D', 'dt_bias'])
+def test_strided_1d_argument_is_refused_and_writes_nothing(name: str) -> None:
+    """The kernels read entry ``i`` of a 1-D argument at offset ``i``: a strided view would
+    hand them other rows' values (and other slots to write)."""
+    a = _ssm_args()
+    a[name] = strided(a[name])
+    before = {k: bits(v) for k, v in a.items() if isinstance(v, torch.Tensor)}
+    with pytest.raises(ValueError, match=rf"`{name}` must be contiguous"):
+        _call_ssm(a)
+    for k, v in before.items():
+        assert torch.equal(bits(a[k]), v), k
+
+
+@pytest.mark.parametrize("name", ["cache_indices", "bias"])
+def test_conv_strided_1d_argument_is_refused_and_writes_nothing(name: str) -> None:
+    a = _conv_args()
+    a[name] = strided(a[name])
+    before = {k: bits(v) for k, v in a.items() if isinstance(v, torch.Tensor)}
+    with pytest.raises(ValueError, match=rf"`{name}` must be contiguous"):
+        _call_conv(a)
+    for k, v in before.items():
+        assert torch.equal(bits(a[k]), v), k
+
+
+@pytest.mark.parametrize("name", ["src_indices", "track_indices", "track_mask"])
+def test_track_save_strided_1d_argument_is_refused_and_writes_nothing(name: str) -> None:
+    conv, ssm = _pools()
+    a: dict[str, torch.Tensor] = {
+        "src_indices": torch.tensor([0, 1], device=DEVICE),
+        "track_indices": torch.tensor([2, 3], device=DEVICE),
+        "track_mask": torch.tensor([True, True], device=DEVICE),
+    }
+    a[name] = strided(a[name])
+    with pytest.raises(ValueError, match=rf"`{name}` must be contiguous"):
+        track_save(conv, ssm, **a)
+    fresh_conv, fresh_ssm = _pools()
+    assert torch.equal(conv, fresh_conv)
+    assert torch.equal(ssm, fresh_ssm)

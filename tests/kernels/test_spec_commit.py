@@ -9,7 +9,7 @@ import torch
 
 from hybridmeta import debug_mode
 from hybridmeta.kernels import spec_commit, spec_track_token
-from tests.kernels._support import bits, spec_commit_ref
+from tests.kernels._support import bits, spec_commit_ref, strided
 from tests.kernels.test_ops import _hybridmeta_ops
 
 L, SLOTS, BS, T = 2, 10, 4, 3
@@ -232,3 +232,16 @@ def test_spec_track_token_maps_path_positions_to_tree_columns() -> None:
     assert tok.tolist() == [3, 0]
     with pytest.raises(ValueError, match=r"`interval` must be > 0"):
         spec_track_token(torch.tensor([1]), torch.tensor([1]), 0)
+
+
+@pytest.mark.parametrize("name", ['state_indices', 'accepted_index', 'track_indices', 'track_mask', 'track_token'])
+def test_strided_1d_argument_is_refused_and_writes_nothing(name: str) -> None:
+    """The kernels read entry ``i`` of a 1-D argument at offset ``i``: a strided view would
+    hand them other rows' values (and other slots to write)."""
+    a = _args()
+    a[name] = strided(a[name])
+    before = {k: bits(v) for k, v in a.items() if isinstance(v, torch.Tensor)}
+    with pytest.raises(ValueError, match=rf"`{name}` must be contiguous"):
+        _call(a)
+    for k, v in before.items():
+        assert torch.equal(bits(a[k]), v), k

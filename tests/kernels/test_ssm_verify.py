@@ -15,7 +15,7 @@ import torch
 from hybridmeta import debug_mode
 from hybridmeta.kernels import ssm_state_update, ssm_verify_update
 from hybridmeta.kernels.ssm_verify import ssm_verify_launch_config
-from tests.kernels._support import assert_close, bits, ssm_verify_update_ref
+from tests.kernels._support import assert_close, bits, ssm_verify_update_ref, strided
 from tests.kernels.test_ops import _hybridmeta_ops
 
 H, P, N, G, SLOTS, BS, T = 4, 8, 16, 2, 8, 3, 4
@@ -270,3 +270,16 @@ def test_verify_tile_holds_32_state_elements_per_thread() -> None:
     assert cfg.block_p * 128 // (32 * cfg.num_warps) == 32
     assert ssm_verify_launch_config(3, 128).block_p == 4  # never above headdim's pow2
     assert ssm_verify_launch_config(64, 16).block_p == 64
+
+
+@pytest.mark.parametrize("name", ['state_indices', 'A', 'D', 'dt_bias'])
+def test_strided_1d_argument_is_refused_and_writes_nothing(name: str) -> None:
+    """The kernels read entry ``i`` of a 1-D argument at offset ``i``: a strided view would
+    hand them other rows' values (and other slots to write)."""
+    a = _args()
+    a[name] = strided(a[name])
+    before = {k: bits(v) for k, v in a.items() if isinstance(v, torch.Tensor)}
+    with pytest.raises(ValueError, match=rf"`{name}` must be contiguous"):
+        _call(a)
+    for k, v in before.items():
+        assert torch.equal(bits(a[k]), v), k

@@ -40,7 +40,12 @@ from hybridmeta.graphs import (
 )
 from hybridmeta.model import ForwardMetadata
 from tests.graphs.toy import KernelMamba, StepModel, ToyMamba
-from tests.properties.strategies.graphs import DecodeStepSpec, bucket_sets, decode_steps
+from tests.properties.strategies.graphs import (
+    DecodeStepSpec,
+    bucket_sets,
+    decode_steps,
+    poison_fill,
+)
 
 
 class ReplayMachine(RuleBasedStateMachine):
@@ -98,23 +103,9 @@ class ReplayMachine(RuleBasedStateMachine):
         self.last_bs = 0
 
     def _poison(self, seed: int) -> None:
-        gen = torch.Generator().manual_seed(seed)
-
-        def fill(name: str, tail: torch.Tensor) -> None:
-            if tail.numel() == 0:
-                return
-            if tail.dtype == torch.bool:
-                v = torch.rand(tail.shape, generator=gen) < 0.5
-            elif tail.is_floating_point():
-                v = torch.full(tail.shape, float("nan"))
-            else:
-                # Other requests' live slot ids (and the pad value).
-                v = torch.randint(-1, self.num_slots, tail.shape, generator=gen)
-            tail.copy_(v.to(tail.dtype))
-
         # From row 0: refresh must rewrite the live rows and the pad rows [bs:B) itself;
         # rows [B:max_bs) keep the junk, and no captured op may read them.
-        self.buffers.poison_(0, fill)
+        self.buffers.poison_(0, poison_fill(seed, self.num_slots))
 
     def _run(self, spec: DecodeStepSpec) -> None:
         dev = torch.device(self.device)

@@ -64,6 +64,7 @@ from tests.properties.strategies.graphs import (
     VerifyStepSpec,
     bucket_sets,
     draft_bucket_sets,
+    poison_fill,
     verify_steps,
 )
 
@@ -238,22 +239,10 @@ class SpecReplayMachine(RuleBasedStateMachine):
         assert torch.equal(self.layer.ssm, before[0]) and torch.equal(self.layer.conv, before[1])
 
     def _poison(self, seed: int) -> None:
-        gen = torch.Generator().manual_seed(seed)
-
-        def fill(name: str, tail: torch.Tensor) -> None:
-            if tail.numel() == 0:
-                return
-            if tail.dtype == torch.bool:
-                v = torch.rand(tail.shape, generator=gen) < 0.5
-            elif tail.is_floating_point():
-                v = torch.full(tail.shape, float("nan"))
-            else:
-                # Other requests' slot ids, parents and columns (and the pad value).
-                v = torch.randint(-1, self.num_slots, tail.shape, generator=gen)
-            tail.copy_(v.to(tail.dtype))
-
-        # Whole buffers: refresh must rewrite the live corner and the pad itself; rows past
-        # B and columns past T keep the junk, and no captured op may read them.
+        # Whole buffers (slot-id columns: other requests' slots, parents and columns):
+        # refresh must rewrite the live corner and the pad itself; rows past B and columns
+        # past T keep the junk, and no captured op may read them.
+        fill = poison_fill(seed, self.num_slots)
         self.vbuf.poison_(0, fill)
         self.cbuf.poison_(0, fill)
         self.layer.poison_inter()
@@ -359,7 +348,7 @@ class SpecReplayMachine(RuleBasedStateMachine):
             )
 
     @invariant()
-    def committed_slots_exact_and_the_rest_untouched(self) -> None:
+    def committed_slots_hold_the_state_and_the_rest_untouched(self) -> None:
         if self.result is None:
             return
         r = self.result
@@ -368,13 +357,17 @@ class SpecReplayMachine(RuleBasedStateMachine):
         written = {slot for slot, a in zip(s.slots, spec.accepted, strict=True) if a >= 0} | {
             t for t, m, k in zip(s.track, s.mask, spec.track_token, strict=True) if m and k >= 0
         }
-        exact = self.impl == "reference"
+        # Not bit-exact even for the reference ops: the graph runs the padded bucket, the
+        # eager run the compact rows, and torch's CPU softplus takes its vectorised (Sleef)
+        # or scalar (libm) path by position in the tensor, one ulp apart; which one depends on
+        # the CPU's vector width. That ulp, carried through <= max_draft tokens, is far below
+        # 1e-5; the Triton kernels' own rounding differs more (3e-4 / 1e-3).
+        rtol, atol = (1e-5, 1e-5) if self.impl == "reference" else (3e-4, 1e-3)
         for i, pool in enumerate(("ssm", "conv")):
             after, before, want = r["after"][i], r["before"][i], r["expected"][pool]
             for slot in range(self.num_slots):
                 if slot in written:
-                    ok = (torch.equal(after[:, slot], want[:, slot]) if exact else
-                          torch.allclose(after[:, slot], want[:, slot], rtol=3e-4, atol=1e-3))  # fmt: skip
+                    ok = torch.allclose(after[:, slot], want[:, slot], rtol=rtol, atol=atol)
                     assert ok, f"{pool} slot {slot} does not hold the committed state"
                 else:
                     assert torch.equal(after[:, slot], before[:, slot]), (

@@ -94,7 +94,9 @@ def test_graph_replay_equals_eager(tiny_model: NemotronH) -> None:
     rids = [rt_e.submit(p, n, forced=g.output) for (p, n), g in zip(prompts, graph, strict=True)]
     eager = [rt_e.run()[r] for r in rids]
     for g, e in zip(graph, eager, strict=True):
-        assert g.output == e.output
+        # The eager run was forced along the graph run's tokens: its own greedy choice at
+        # every position must be those tokens (top-1/top-2 gaps here are >= 0.1).
+        assert e.logprobs.argmax(-1).tolist() == list(g.output)
         # the graph runs the padded bucket (4 rows for 3), eager the exact batch: GEMMs of
         # different row counts may sum in another order (BLAS blocking depends on the CPU's
         # vector width and threads), which moves a result by a few ulps. |logp| <= ~14 here,

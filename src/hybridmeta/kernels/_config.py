@@ -68,6 +68,7 @@ def ssm_launch_config(state_dtype: torch.dtype, headdim: int, dstate: int) -> Ss
     )
 
 
+@functools.cache
 def conv_launch_config(dim: int, *, channels_contiguous: bool = False) -> ConvLaunchConfig:
     """Pick the conv update tile: 128 channels a program (fewer for tiny ``conv_dim``).
 

@@ -35,7 +35,9 @@ def check_tensor(
 ) -> torch.Tensor:
     """Check that ``t`` is a tensor of the given shape (``None`` = any), dtype and device.
 
-    ``dims`` names the axes for the message, e.g. ``"[bs, nheads, headdim]"``.
+    ``dims`` names the axes for the message, e.g. ``"[bs, nheads, headdim]"``. A 1-D
+    argument (slot ids, masks, per-head or per-channel parameters) must be contiguous: the
+    kernels take no stride for them and read entry ``i`` at offset ``i``.
     """
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{op}: `{name}` must be a torch.Tensor {dims}, got {type(t).__name__}")
@@ -48,6 +50,8 @@ def check_tensor(
         raise TypeError(f"{op}: `{name}` must have dtype {_names(dtypes)}, got {t.dtype}")
     if t.device != device:
         raise ValueError(f"{op}: `{name}` must be on the state's device {device}, got {t.device}")
+    if t.dim() == 1 and not t.is_contiguous():
+        raise ValueError(f"{op}: `{name}` must be contiguous, got strides {list(t.stride())}")
     return t
 
 

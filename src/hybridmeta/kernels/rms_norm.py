@@ -287,8 +287,6 @@ def add_rms_norm(
     _check_rows(op, "x", x, rows, width, dev)
     check_tensor(op, "weight", weight, shape=(width,), dtypes=FLOAT_DTYPES, device=dev,
                  dims="[hidden]")  # fmt: skip
-    if weight.stride(0) != 1 and width > 1:
-        raise ValueError(f"{op}: `weight` must be contiguous")
     if residual is not None:
         _check_rows(op, "residual", residual, rows, width, dev)
     if out is not None:
@@ -370,8 +368,6 @@ def gated_rms_norm(
     _check_rows(op, "z", z, rows, width, dev)
     check_tensor(op, "weight", weight, shape=(width,), dtypes=FLOAT_DTYPES, device=dev,
                  dims="[channels]")  # fmt: skip
-    if weight.stride(0) != 1 and width > 1:
-        raise ValueError(f"{op}: `weight` must be contiguous")
     if group_size < 1 or width % group_size != 0:
         raise ValueError(f"{op}: `group_size` {group_size} must be >= 1 and divide {width}")
     if out is None:

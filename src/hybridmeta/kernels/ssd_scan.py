@@ -407,7 +407,7 @@ def _chunk_state_kernel(
     tl.store(p_s, b_acc, mask=m_p[:, None] & m_n[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_chunks"])  # varies with the batch: one variant
 def _state_passing_kernel(
     S_ptr: tl.tensor,
     acum_ptr: tl.tensor,

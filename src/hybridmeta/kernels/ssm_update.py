@@ -247,7 +247,7 @@ def ssm_args_ok(
     """Fast path of the public op's validation: ``True`` only if every check passes.
 
     One expression, no messages; stricter than the detailed checks in
-    :func:`hybridmeta.kernels.ops.ssm_state_update` (which run when this says ``False`` and
+    :func:`_check_ssm_args` (which run when this says ``False`` and
     name the broken rule). Reads shapes, dtypes and devices only.
     """
     T = torch.Tensor
@@ -279,6 +279,7 @@ def ssm_args_ok(
         and A.shape == (nheads,)
         and A.dtype in f
         and A.get_device() == dev
+        and A.is_contiguous()
         and ngroups > 0
         and nheads % ngroups == 0
         and B.shape == (bs, ngroups, dstate)
@@ -302,7 +303,11 @@ def ssm_args_ok(
     )
     for t, shape, dtypes in opt:
         if t is not None and not (
-            isinstance(t, T) and t.shape == shape and t.dtype in dtypes and t.get_device() == dev
+            isinstance(t, T)
+            and t.shape == shape
+            and t.dtype in dtypes
+            and t.get_device() == dev
+            and (t.dim() != 1 or t.is_contiguous())
         ):
             return False
     idx: tuple[tuple[object, tuple[torch.dtype, ...]], ...] = (
@@ -494,7 +499,7 @@ def launch_ssm_update(
     _, nheads, headdim, dstate = state.shape
     ngroups = B.shape[1]
     cfg = config if config is not None else ssm_launch_config(state.dtype, headdim, dstate)
-    if cfg.row_walk is False:
+    if not cfg.row_walk:
         _launch_tiles(
             state, x, dt, A, B, C, out, src_indices, D, z, dt_bias, dt_softplus, dst_indices,
             track_indices, track_mask, cfg,
@@ -866,11 +871,6 @@ def _check_ssm_args(
     if out is not None:
         check_tensor(op, "out", out, shape=(bs, nheads, headdim), dtypes=(x.dtype,), device=dev,
                      dims="[bs, nheads, headdim]")  # fmt: skip
-    for name, idx in (("state_indices", state_indices), ("dst_indices", dst_indices),
-                      ("track_indices", track_indices), ("track_mask", track_mask)):  # fmt: skip
-        if idx is not None and not idx.is_contiguous():
-            # The kernels read row b's entry at offset b.
-            raise ValueError(f"{op}: `{name}` must be contiguous, got strides {list(idx.stride())}")
 
 
 def _debug_check_ssm(

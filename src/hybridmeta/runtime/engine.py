@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 
 import attrs
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from hybridmeta import kernels
@@ -448,18 +449,34 @@ class Runtime:
         hp = self._plan(starts, lengths, slots, tracks, num_decodes=0)
         ah = attention_host_plan(lengths, starts)
         views = to_device_packed(
-            {**hp.arrays, **ah.arrays, "input_ids": np.asarray(chunk_ids)}, self.device
+            {
+                **hp.arrays,
+                **ah.arrays,
+                "input_ids": np.asarray(chunk_ids),
+                **self._kv_copy_arrays(slots, tracks),
+            },
+            self.device,
         )
         logits = self.model.forward_prefill(
             views["input_ids"], hp.metadata(views), ah.plan(views), self.pool
         )
         if tracks:
             # the layers saved conv/SSM state of the boundaries; the KV rows follow
-            self.pool.copy_kv(
-                self._index([slots[r] for r, _ in tracks]),
-                self._index([t for _, t in tracks]),
-            )
+            self.pool.copy_kv(views["kv_src"], views["kv_dst"])
         return logits
+
+    @staticmethod
+    def _kv_copy_arrays(
+        slots: Sequence[int], tracks: Sequence[tuple[int, int]]
+    ) -> dict[str, npt.NDArray[np.int64]]:
+        """The KV rows a step's track saves copy (row's working slot -> track slot), staged
+        with the step's other arrays; none when nothing is tracked."""
+        if not tracks:
+            return {}
+        return {
+            "kv_src": np.asarray([slots[r] for r, _ in tracks], dtype=np.int64),
+            "kv_dst": np.asarray([t for _, t in tracks], dtype=np.int64),
+        }
 
     def _decode(
         self,
@@ -497,6 +514,7 @@ class Runtime:
                 **hp.arrays,
                 "input_ids": np.asarray([r.tokens[r.num_computed] for r in reqs]),
                 "positions": np.asarray(pos_host),
+                **self._kv_copy_arrays(slots, tracks),
             },
             self.device,
         )
@@ -507,9 +525,7 @@ class Runtime:
             logits = self.model.forward_decode(ids, pos, hp.metadata(views), self.pool)
         sample_logits.append(logits.float().log_softmax(-1))
         if tracks:
-            self.pool.copy_kv(
-                self._index([slots[i] for i, _ in tracks]), self._index([t for _, t in tracks])
-            )
+            self.pool.copy_kv(views["kv_src"], views["kv_dst"])
         sample_reqs.extend(reqs)
         self.decode_tokens += len(reqs)
         for r in reqs:

@@ -280,18 +280,9 @@ class Attention(nn.Module):
             out = self._attend(_pad_rows(q, plan), kc[slots], vc[slots], mask)
             res: torch.Tensor = self.o_proj(_unpad_rows(out, plan))
             return res
-        assert fwd.positions is not None
-        slot = fwd.md.mamba_cache_indices
-        if fwd.md.is_target_verify:
-            return self._verify(q, k, v, kc, vc, keys, fwd)
-        kc.index_put_((slot, fwd.positions), k.to(kc.dtype))
-        vc.index_put_((slot, fwd.positions), v.to(vc.dtype))
-        mask = keys[None, None, :] <= fwd.positions[:, None, None]  # [B, 1, M]
-        out = self._attend(q[:, None], kc[slot], vc[slot], mask)
-        dec: torch.Tensor = self.o_proj(out[:, 0])
-        return dec
+        return self._rows(q, k, v, kc, vc, keys, fwd)
 
-    def _verify(
+    def _rows(
         self,
         q: torch.Tensor,
         k: torch.Tensor,
@@ -301,11 +292,12 @@ class Attention(nn.Module):
         keys: torch.Tensor,
         fwd: Forward,
     ) -> torch.Tensor:
-        """``T`` draft tokens per row (a chain): each token's KV is written at its position
-        in the row's slot, and each token attends to the row's keys up to its own position
-        (the committed prefix and the drafts before it). KV rows of drafts that will be
-        rejected lie past the accepted length: the next forward overwrites them before any
-        query reaches them, and until then the causal mask hides them."""
+        """``T = draft_token_num`` tokens per row (decode: ``T = 1``; verify: the pending
+        token and a chain of drafts): each token's KV is written at its position in the
+        row's slot, and each token attends to the row's keys up to its own position (the
+        committed prefix and the tokens before it). KV rows of drafts that will be rejected
+        lie past the accepted length: the next forward overwrites them before any query
+        reaches them, and until then the causal mask hides them."""
         assert fwd.positions is not None
         md = fwd.md
         B, T = md.num_decodes, md.draft_token_num

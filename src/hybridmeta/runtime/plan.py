@@ -31,7 +31,7 @@ class AttentionPlan:
         ``[P, L]`` index into the flat tokens; pad cells point at index ``T`` (one past
         the end: callers append a zero row).
     valid : torch.Tensor
-        ``[P, L]`` bool.
+        ``[P, L]`` bool: the cells that hold a token (derived from ``gather``).
     scatter : torch.Tensor
         ``[T]`` index of each flat token into the flattened ``[P*L]`` grid.
     token_row, token_pos : torch.Tensor
@@ -43,7 +43,6 @@ class AttentionPlan:
     """
 
     gather: torch.Tensor
-    valid: torch.Tensor
     scatter: torch.Tensor
     token_row: torch.Tensor
     token_pos: torch.Tensor
@@ -52,6 +51,10 @@ class AttentionPlan:
     num_rows: int
     num_tokens: int
     padded_len: int
+
+    @property
+    def valid(self) -> torch.Tensor:
+        return self.gather < self.num_tokens
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -68,7 +71,6 @@ class AttentionHostPlan:
         v = {k[len(_P) :]: t for k, t in views.items() if k.startswith(_P)}
         return AttentionPlan(
             gather=v["gather"],
-            valid=v["valid"] != 0,
             scatter=v["scatter"],
             token_row=v["token_row"],
             token_pos=v["token_pos"],
@@ -109,7 +111,6 @@ def attention_host_plan(lengths: Sequence[int], starts: Sequence[int]) -> Attent
     col_of_token = np.arange(t, dtype=np.int64) - offsets[token_row]
     arrays = {
         "gather": gather,
-        "valid": valid.astype(np.int64),
         "scatter": token_row * padded + col_of_token,
         "token_row": token_row,
         "token_pos": st[token_row] + col_of_token,

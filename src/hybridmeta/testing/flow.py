@@ -39,21 +39,18 @@ __all__ = [
     "sentinel_instances",
 ]
 
-_NO_DEFAULT: Any = object()
-
-
 @dataclass(frozen=True)
 class ClassField:
     """One constructor field of a class: its name, default (if any) and annotation."""
 
     name: str
-    default: Any  # _NO_DEFAULT when the field has none
+    default: Any  # _schema.NO_DEFAULT when the field has none
     annotation: Any
     init: bool = True
 
     @property
     def has_default(self) -> bool:
-        return self.default is not _NO_DEFAULT
+        return self.default is not _schema.NO_DEFAULT
 
 
 def class_fields(cls: type) -> tuple[ClassField, ...]:
@@ -66,8 +63,7 @@ def class_fields(cls: type) -> tuple[ClassField, ...]:
     if _schema.is_metadata_class(cls):
         # The declared defaults (attrs holds a placeholder for governing flags).
         return tuple(
-            ClassField(f.name, _NO_DEFAULT if f.default is _schema.NO_DEFAULT else f.default,
-                       hints.get(f.name))
+            ClassField(f.name, f.default, hints.get(f.name))
             for f in _schema.fields(cls)
         )  # fmt: skip
     if attrs.has(cls):
@@ -75,9 +71,9 @@ def class_fields(cls: type) -> tuple[ClassField, ...]:
         for a in attrs.fields(cls):
             d = a.default
             if isinstance(d, attrs.Factory):  # type: ignore[arg-type]
-                d = d.factory() if not d.takes_self else _NO_DEFAULT
+                d = d.factory() if not d.takes_self else _schema.NO_DEFAULT
             elif d is attrs.NOTHING:
-                d = _NO_DEFAULT
+                d = _schema.NO_DEFAULT
             out.append(ClassField(a.name, d, hints.get(a.name, a.type), a.init))
         return tuple(out)
     if dataclasses.is_dataclass(cls):
@@ -88,14 +84,14 @@ def class_fields(cls: type) -> tuple[ClassField, ...]:
             elif f.default_factory is not dataclasses.MISSING:
                 d = f.default_factory()
             else:
-                d = _NO_DEFAULT
+                d = _schema.NO_DEFAULT
             out.append(ClassField(f.name, d, hints.get(f.name, f.type), f.init))
         return tuple(out)
     names = getattr(cls, "_fields", None)
     if isinstance(names, tuple) and issubclass(cls, tuple):
         defaults: dict[str, Any] = getattr(cls, "_field_defaults", {})
         return tuple(
-            ClassField(n, defaults.get(n, _NO_DEFAULT), hints.get(n)) for n in names
+            ClassField(n, defaults.get(n, _schema.NO_DEFAULT), hints.get(n)) for n in names
         )
     raise TypeError(
         f"{cls.__qualname__} is not a dataclass, attrs class or NamedTuple; pass sources= "
@@ -264,7 +260,7 @@ def _reaches(sv: Any, dv: Any) -> bool:
 
 
 def _same_default(dv: Any, default: Any) -> bool:
-    return default is not _NO_DEFAULT and _reaches(default, dv)
+    return default is not _schema.NO_DEFAULT and _reaches(default, dv)
 
 
 def _short(v: Any) -> str:
@@ -351,7 +347,7 @@ def check_field_flow(
         dv = getattr(out, target)
         if _reaches(sv, dv):
             return None
-        default = derived_defaults.get(target, _NO_DEFAULT)
+        default = derived_defaults.get(target, _schema.NO_DEFAULT)
         return FlowFailure(name, _short(sv), _short(dv), _same_default(dv, default), repr(src))
 
     def one_field(name: str, last: list[FlowFailure]) -> Callable[[Any], None]:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import attrs
+import torch
 from hypothesis import strategies as st
 
 from tests.properties.strategies.kernels import draft_trees
@@ -128,3 +131,22 @@ def draft_bucket_sets(draw: st.DrawFn, max_draft: int) -> tuple[int, ...]:
     step then pads its draft columns to the next one)."""
     others = draw(st.sets(st.integers(1, max_draft - 1))) if max_draft > 1 else set()
     return tuple(sorted({*others, max_draft}))
+
+
+def poison_fill(seed: int, num_slots: int) -> Callable[[str, torch.Tensor], None]:
+    """A ``StaticBuffers.poison_`` filler: NaN floats, random flags, and ints drawn from
+    other requests' slot ids (and the pad value ``-1``), seeded."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def fill(name: str, tail: torch.Tensor) -> None:
+        if tail.numel() == 0:
+            return
+        if tail.dtype == torch.bool:
+            v = torch.rand(tail.shape, generator=gen) < 0.5
+        elif tail.is_floating_point():
+            v = torch.full(tail.shape, float("nan"))
+        else:
+            v = torch.randint(-1, num_slots, tail.shape, generator=gen)
+        tail.copy_(v.to(tail.dtype))
+
+    return fill
