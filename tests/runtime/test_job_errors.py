@@ -285,7 +285,10 @@ def test_a_killed_job_removes_its_temporary_directory(tmp_path: Path, sig: int) 
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    assert proc.returncode == 128 + sig, err
+    # 128 + sig, the documented status; in rare runs under load CPython ends the process by
+    # the signal itself after the clean-up (returncode -sig), which a shell reports as the
+    # same 128 + sig. Either way the clean-up ran (below).
+    assert proc.returncode in (128 + sig, -sig), err
     assert "temporary files removed" in err.splitlines()[-1]
     assert "Traceback" not in err
     assert list(tmp_path.glob("hybridmeta-tiny-*")) == []
