@@ -521,7 +521,13 @@ def test_track_save_strided_1d_argument_is_refused_and_writes_nothing(name: str)
     }
     a[name] = strided(a[name])
     with pytest.raises(ValueError, match=rf"`{name}` must be contiguous"):
-        track_save(conv, ssm, **a)
+        track_save(
+            conv,
+            ssm,
+            src_indices=a["src_indices"],
+            track_indices=a["track_indices"],
+            track_mask=a["track_mask"],
+        )
     fresh_conv, fresh_ssm = _pools()
     assert torch.equal(conv, fresh_conv)
     assert torch.equal(ssm, fresh_ssm)
