@@ -26,8 +26,12 @@ import sys, torch
 from tests.graphs.capture_cases import CASES
 fn = CASES[sys.argv[1]]
 t = torch.arange(4.0, device="cuda") - 1.0
-fn(t.clone())  # eager: the case itself works
-torch.cuda.synchronize()
+try:
+    fn(t.clone())  # eager: the case itself must work, or its capture answers nothing
+    torch.cuda.synchronize()
+except Exception as e:
+    print("CASE-BROKEN", type(e).__name__, str(e).splitlines()[0][:200])
+    sys.exit(3)
 g = torch.cuda.CUDAGraph()
 try:
     with torch.cuda.graph(g):
@@ -50,6 +54,8 @@ def _run(case: str) -> tuple[str, bool, str]:
     )
     out = res.stdout.strip().splitlines()
     last = out[-1] if out else ""
+    if last.startswith("CASE-BROKEN"):
+        raise RuntimeError(f"case {case!r} fails eagerly, before any capture: {last}")
     if res.returncode != 0 or not last.startswith(("REFUSED", "CAPTURED")):
         # a hard failure during capture (the process died) is a refusal too
         return case, True, f"exit {res.returncode}: {res.stderr.strip().splitlines()[-1:]}"

@@ -41,7 +41,7 @@ CASES: dict[str, Callable[[torch.Tensor], object]] = {
     "where-1arg": lambda t: torch.where(t > 0),
     "mask-index": lambda t: t[t > 0],
     "mask-assign": _bool_mask_assign,  # one value: a masked fill
-    "mask-assign-values": lambda t: t.__setitem__(t > 0, t[:4] * 2),
+    "mask-assign-values": lambda t: t.__setitem__(t > 0, t[2:] * 2),  # t > 0 holds 2 rows
     "masked_select": lambda t: torch.masked_select(t, t > 0),
     "unique": lambda t: torch.unique(t),
     "unique_consecutive": lambda t: torch.unique_consecutive(t),

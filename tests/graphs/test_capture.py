@@ -8,9 +8,11 @@ poisons the CUDA context).
 
 from __future__ import annotations
 
+import gc
 import json
 import subprocess
 import sys
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
@@ -242,6 +244,55 @@ def test_storage_swap_during_capture_raises() -> None:
     other = torch.ones(3)
     with pytest.raises(GraphCaptureError, match="storage"):
         EmulatedGraphBackend().capture(lambda: t.set_(other.untyped_storage()), warmup=0)
+
+
+class _Cycle:
+    """Garbage that only the cyclic collector frees (it refers to itself)."""
+
+    def __init__(self, payload: object) -> None:
+        self.payload = payload
+        self.me = self
+
+
+def test_no_garbage_is_collected_during_capture(backend: GraphBackend) -> None:
+    # A graph left in a reference cycle (by an earlier test case of a harness, say): on
+    # CUDA, freeing it inside another capture invalidates that capture (its destructor
+    # calls cudaGraphExecDestroy), so the collector must not run until capture ends.
+    dev = backend.device
+    stale = backend.capture(lambda: torch.zeros(2, device=dev) + 1, warmup=0)
+    gc.collect()
+    cycle = _Cycle(stale)
+    alive = weakref.ref(cycle)
+    del cycle, stale
+    x = torch.ones(4, device=dev)
+    seen: list[bool] = []
+
+    def fn() -> torch.Tensor:
+        # Enough allocations for several automatic collections, were the collector on.
+        junk = [[i] for i in range(20_000)]
+        seen.append(alive() is not None and len(junk) > 0)
+        return x * 2
+
+    graph = backend.capture(fn, warmup=0)
+    assert seen == [True]
+    assert gc.isenabled()
+    x.fill_(3)
+    graph.replay()
+    assert graph.outputs.cpu().tolist() == [6.0] * 4
+    gc.collect()
+    assert alive() is None  # collected after the capture
+
+
+def test_capture_leaves_the_collector_as_it_found_it() -> None:
+    gc.disable()
+    try:
+        EmulatedGraphBackend().capture(lambda: torch.ones(2) * 2, warmup=0)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    with pytest.raises(ZeroDivisionError):
+        EmulatedGraphBackend().capture(lambda: 1 // 0, warmup=0)
+    assert gc.isenabled()
 
 
 def test_warmup_runs_eagerly_before_capture() -> None:

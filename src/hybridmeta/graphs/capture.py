@@ -30,6 +30,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import enum
+import gc
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
@@ -100,6 +101,31 @@ class GraphBackend(abc.ABC):
         """
 
 
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Keep Python's cyclic garbage collector from running inside a capture.
+
+    An automatic collection can start at any allocation, so inside a capture it may free
+    unreachable cycles left by earlier work: a ``torch.cuda.CUDAGraph`` (its destructor
+    calls ``cudaGraphExecDestroy`` and releases its pool) or a Triton kernel (its module is
+    unloaded). CUDA does not permit those calls while a stream is capturing: torch only
+    warns, the capture is invalidated, and the *next* launch fails with "operation failed
+    due to a previous error during capture", far from the cause. ``torch.cuda.graph``
+    neither collects before capturing (unless ``torch.compiler.config.force_cudagraph_gc``)
+    nor pauses the collector (checked in torch 2.11 and 2.13), so a process that captures
+    many graphs (a replay harness builds fresh graphs for every test case) hits this at
+    random. The garbage waits for the first collection after the capture. A collector the
+    caller had already disabled stays disabled.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 # --------------------------------------------------------------------------- CUDA
 
 
@@ -138,7 +164,7 @@ class CudaGraphBackend(GraphBackend):
                     fn()
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
+            with _collector_paused(), torch.cuda.graph(graph, pool=self._pool):
                 outputs = fn()
         return _CudaCaptured(graph, outputs)
 
@@ -428,7 +454,8 @@ class EmulatedGraphBackend(GraphBackend):
         for _ in range(warmup):
             fn()
         recorder = _Recorder()
-        with _forbid_host_reads(), recorder:
+        # Paused as on CUDA, so that finalizers behave the same under both backends.
+        with _collector_paused(), _forbid_host_reads(), recorder:
             outputs = fn()
         return _EmulatedCaptured(recorder.ops, outputs)
 

@@ -34,9 +34,15 @@ __all__ = ["DirectLauncher", "device_capacity"]
 class _Variant:
     """What a direct launch needs from one compiled variant."""
 
-    __slots__ = ("c_launch", "capacity", "coop", "function", "meta", "n_regs", "n_spills", "pdl", "run")
+    __slots__ = (
+        "c_launch", "capacity", "compiled", "coop", "function", "meta", "n_regs", "n_spills",
+        "pdl", "run",
+    )  # fmt: skip
 
     def __init__(self, compiled: Any, device_index: int) -> None:
+        # ``function`` is a raw handle into the compiled module: hold the compiled kernel so
+        # that the module stays loaded for as long as the handle may be launched.
+        self.compiled: Any = compiled
         run = compiled.run  # initialises the handles on first access
         self.run: Callable[..., Any] = run
         self.function: int = compiled.function
