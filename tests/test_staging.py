@@ -42,3 +42,12 @@ def test_no_parts() -> None:
 @pytest.mark.gpu
 def test_round_trip_cuda_pinned() -> None:
     _round_trip(torch.device("cuda", torch.cuda.current_device()))
+
+
+def test_a_device_tensor_part_is_refused_by_name() -> None:
+    parts: dict[str, torch.Tensor | npt.NDArray[Any]] = {
+        "ok": np.arange(3),
+        "elsewhere": torch.empty(3, dtype=torch.int64, device="meta"),
+    }
+    with pytest.raises(ValueError, match="part 'elsewhere' must be host data"):
+        to_device_packed(parts, torch.device("cpu"))

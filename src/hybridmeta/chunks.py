@@ -14,20 +14,38 @@ chunks start at tokens 0, 5 and 8.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
-__all__ = ["chunk_indices_offsets", "chunk_indices_offsets_oracle"]
+__all__ = ["chunk_indices_offsets", "chunk_indices_offsets_oracle", "logical_chunk_starts"]
+
+
+def logical_chunk_starts(
+    query_start_loc: npt.NDArray[np.int64], chunk_size: int
+) -> npt.NDArray[np.int64]:
+    """First token of every logical chunk, ascending (the rule; no argument checks).
+
+    A logical chunk starts at every physical chunk start and at every sequence start that
+    lies inside the flattened tokens; empty sequences add no start of their own.
+    ``query_start_loc`` is a valid ``[num_seqs + 1]`` host array (0 first, non-decreasing).
+    """
+    total = int(query_start_loc[-1])
+    physical = np.arange(0, total, chunk_size, dtype=np.int64)
+    seq_starts = query_start_loc[:-1]
+    return np.union1d(physical, seq_starts[seq_starts < total]).astype(np.int64, copy=False)
 
 
 def chunk_indices_offsets(
-    query_start_loc: torch.Tensor, chunk_size: int
+    query_start_loc: torch.Tensor | npt.NDArray[Any], chunk_size: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Logical chunk indices and offsets, vectorised (no Python loop over sequences).
 
     Parameters
     ----------
-    query_start_loc : torch.Tensor
+    query_start_loc : torch.Tensor or numpy array
         ``[num_seqs + 1]`` non-decreasing token offsets of the prefill rows, starting at 0,
         **on the CPU** (the plan is computed from host data; reading a device tensor here
         would sync the stream).
@@ -41,27 +59,24 @@ def chunk_indices_offsets(
     """
     if chunk_size <= 0:
         raise ValueError(f"chunk_size must be > 0, got {chunk_size}")
-    if query_start_loc.device.type != "cpu":
+    if isinstance(query_start_loc, torch.Tensor):
+        if query_start_loc.device.type != "cpu":
+            raise ValueError(
+                "query_start_loc must be a CPU tensor: the chunk plan is computed from host "
+                f"data (got device {query_start_loc.device})"
+            )
+        query_start_loc = query_start_loc.numpy()
+    qsl = np.asarray(query_start_loc)
+    if qsl.ndim != 1 or qsl.size < 1:
         raise ValueError(
-            "query_start_loc must be a CPU tensor: the chunk plan is computed from host data "
-            f"(got device {query_start_loc.device})"
+            f"query_start_loc must be 1-D with at least one entry, got shape {tuple(qsl.shape)}"
         )
-    if query_start_loc.dim() != 1 or query_start_loc.numel() < 1:
-        raise ValueError(
-            f"query_start_loc must be 1-D with at least one entry, got shape {tuple(query_start_loc.shape)}"
-        )
-    qsl = query_start_loc.to(torch.int64)
+    qsl = qsl.astype(np.int64)
     if int(qsl[0]) != 0:
         raise ValueError(f"query_start_loc must start at 0, got {int(qsl[0])}")
-    if qsl.numel() > 1 and bool((qsl[1:] < qsl[:-1]).any()):
+    if qsl.size > 1 and bool((qsl[1:] < qsl[:-1]).any()):
         raise ValueError("query_start_loc must be non-decreasing")
-    total = int(qsl[-1])
-    # A logical chunk starts at every physical chunk start and at every sequence start that
-    # lies inside the flattened tokens; empty sequences add no start of their own.
-    physical = torch.arange(0, total, chunk_size, dtype=torch.int64)
-    seq_starts = qsl[:-1]
-    seq_starts = seq_starts[seq_starts < total]
-    starts = torch.unique(torch.cat([physical, seq_starts]), sorted=True)
+    starts = torch.from_numpy(logical_chunk_starts(qsl, chunk_size))
     return starts // chunk_size, starts % chunk_size
 
 

@@ -49,7 +49,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from hybridmeta.chunks import chunk_indices_offsets
+from hybridmeta.chunks import logical_chunk_starts
 from hybridmeta.model import (
     ChunkPlan,
     ConvWindows,
@@ -294,7 +294,7 @@ def _check_track(track_mask: npt.NDArray[np.bool_], track_slots: IntArray, slots
             f"plan_mixed_batch: track_slots[{r}] = {track_slots[r]} but track_mask[{r}] is set; "
             "a tracked row needs a track slot >= 0"
         )
-    clash = np.isin(tracked, slots)
+    clash = _member(tracked, slots)
     if clash.any():
         r = int(np.flatnonzero(track_mask)[np.argmax(clash)])
         raise ValueError(
@@ -303,6 +303,17 @@ def _check_track(track_mask: npt.NDArray[np.bool_], track_slots: IntArray, slots
         )
     if _has_duplicate(tracked):
         raise ValueError("plan_mixed_batch: two tracked rows share one track slot")
+
+
+def _member(values: IntArray, pool: IntArray) -> npt.NDArray[np.bool_]:
+    """``np.isin(values, pool)`` for small int arrays, by binary search (several times
+    faster than ``np.isin`` at a few hundred elements)."""
+    ordered = np.sort(pool)
+    if ordered.shape[0] == 0:
+        return np.zeros(values.shape, dtype=np.bool_)
+    pos = np.minimum(np.searchsorted(ordered, values), ordered.shape[0] - 1)
+    found: npt.NDArray[np.bool_] = ordered[pos] == values
+    return found
 
 
 def _has_duplicate(values: IntArray) -> bool:
@@ -315,6 +326,29 @@ def _ext_index(q: IntArray, row: IntArray, row_start: IntArray, total: int, k1: 
     before = q < row_start
     init_col = k1 - (row_start - q)  # column of the row's initial state, oldest first
     return np.where(before, total + row * k1 + init_col, q)
+
+
+def _token_windows(qsl: IntArray, total: int, k1: int) -> IntArray:
+    """``[total, k1 + 1]`` extended-input indices of every prefill token's conv window.
+
+    The same values as ``_ext_index`` over all tokens, without its full-size passes: a
+    window is the flattened positions ``t - k1 .. t`` except in the first ``k1`` tokens of
+    a row, whose leading entries read the row's initial state (few: patched in place).
+    """
+    n_pre = qsl.shape[0] - 1
+    width = k1 + 1
+    win = np.arange(total, dtype=np.int64)[:, None] + np.arange(-k1, 1, dtype=np.int64)
+    if k1 == 0 or n_pre == 0:
+        return win
+    # Token j of row r (j < k1), column c < k1 - j: initial-state column j + c of row r.
+    j = np.arange(k1, dtype=np.int64)[None, :, None]
+    c = np.arange(width, dtype=np.int64)[None, None, :]
+    rows = np.arange(n_pre, dtype=np.int64)[:, None, None]
+    starts = qsl[:-1, None, None]
+    hit = (j < (qsl[1:] - qsl[:-1])[:, None, None]) & (c < k1 - j)
+    tok, col = np.broadcast_arrays(starts + j, c)
+    win[tok[hit], col[hit]] = np.broadcast_to(total + rows * k1 + j + c, hit.shape)[hit]
+    return win
 
 
 def plan_host(
@@ -416,14 +450,15 @@ def plan_host(
         #
         # Logical chunks: a new one at every physical chunk start and every row start (the
         # rule of hybridmeta.chunks).
-        ind, off = chunk_indices_offsets(torch.from_numpy(qsl[: n_pre + 1]), L)
-        starts = (ind * L + off).numpy()
+        starts = logical_chunk_starts(qsl[: n_pre + 1], L)
         n_logical = starts.shape[0]
         n_phys = -(-total // L)
         ends = np.append(starts[1:], total).astype(np.int64)
-        seq_idx = np.repeat(np.arange(n_pre, dtype=np.int64), ext[:n_pre])
-        chunk_row = seq_idx[starts]
-        chunk_first = np.isin(starts, qsl[:n_pre]).astype(np.int64)
+        # Row of each chunk: the last row starting at or before it (rows have >= 1 token).
+        chunk_row = np.searchsorted(qsl[1 : n_pre + 1], starts, side="right")
+        # A chunk is its row's first when it starts where its row starts (a start shared
+        # with empty rows before it is still that row's start).
+        chunk_first = (starts == qsl[chunk_row]).astype(np.int64)
         token_chunk = np.repeat(np.arange(n_logical, dtype=np.int64), ends - starts)
         token_pos = np.arange(total, dtype=np.int64) - starts[token_chunk]
         row_last_chunk = np.searchsorted(starts, qsl[1 : n_pre + 1], side="left") - 1
@@ -431,9 +466,7 @@ def plan_host(
 
         # Conv windows: token t reads positions t-(K-1) .. t; a row's final window is its
         # last K-1 inputs.
-        tok = np.arange(total, dtype=np.int64)
-        q_tok = tok[:, None] - k1 + np.arange(conv_kernel, dtype=np.int64)[None, :]
-        token_conv = _ext_index(q_tok, seq_idx[:, None], qsl[seq_idx][:, None], total, k1)
+        token_conv = _token_windows(qsl[: n_pre + 1], total, k1)
         rows_p = np.arange(n_pre, dtype=np.int64)
         q_fin = qsl[1 : n_pre + 1, None] - k1 + np.arange(k1, dtype=np.int64)[None, :]
         final_conv = _ext_index(q_fin, rows_p[:, None], qsl[:n_pre, None], total, k1)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import numpy.typing as npt
 import torch
 
@@ -39,13 +40,24 @@ def to_device_packed(
     dict of str to torch.Tensor
         For each name, a view of the device copy with the part's shape.
     """
-    tensors = {name: torch.as_tensor(a) for name, a in parts.items()}
-    sizes = [t.numel() for t in tensors.values()]
+    arrays = [_host_array(name, a) for name, a in parts.items()]
+    sizes = [a.size for a in arrays]
     host = torch.empty(sum(sizes), dtype=dtype, pin_memory=device.type == "cuda")
-    if sizes:
-        torch.cat([t.reshape(-1).to(dtype) for t in tensors.values()], out=host)
+    if arrays:
+        # One numpy pass writes every part into the (page-locked) buffer, cast on the way.
+        np.concatenate([a.reshape(-1) for a in arrays], out=host.numpy(), casting="unsafe")
     flat = host.to(device, non_blocking=True)
     return {
-        name: v.view(t.shape)
-        for (name, t), v in zip(tensors.items(), torch.split(flat, sizes), strict=True)
+        name: v.view(a.shape)
+        for name, a, v in zip(parts, arrays, torch.split(flat, sizes), strict=True)
     }
+
+
+def _host_array(name: str, a: torch.Tensor | npt.NDArray[Any]) -> npt.NDArray[Any]:
+    if isinstance(a, torch.Tensor):
+        if a.device.type != "cpu":
+            raise ValueError(
+                f"to_device_packed: part {name!r} must be host data, got a tensor on {a.device}"
+            )
+        return a.detach().numpy()
+    return np.asarray(a)

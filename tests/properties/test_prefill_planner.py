@@ -83,6 +83,7 @@ def test_plan_matches_brute_force(spec: BatchSpec) -> None:
         assert ch.token_chunk.tolist() == chunk
         assert ch.token_pos.tolist() == pos
         assert ch.row.tolist() == [row[t] for t in ch.start.tolist()]
+        assert ch.first.tolist() == [t == 0 or row[t - 1] != row[t] for t in ch.start.tolist()]
         last = [max(i for i, rr in enumerate(row) if rr == r) for r in range(n_pre)]
         assert ch.row_last_chunk.tolist() == [chunk[t] for t in last]
         T, L = len(row), spec.chunk_size
@@ -101,8 +102,19 @@ def test_plan_matches_brute_force(spec: BatchSpec) -> None:
         # every h entry's physical chunk ends right after the boundary token
         for t in hs:
             assert (t.h_index + 1) * spec.chunk_size == qsl[t.row] + t.k
-        # conv windows: the K-1 inputs before the boundary, of the row itself
+        # conv windows: every token reads its K-1 predecessors of its own row and itself
+        # (the row's initial state before its first token); each row's final window is its
+        # last K-1 inputs
         k1 = spec.conv_kernel - 1
+        cv = md.mixed.conv
+        for tok, idx in enumerate(cv.token_windows.tolist()):
+            p = labels[tok][2]
+            want = [(row[tok], p - k1 + c) for c in range(k1 + 1)]
+            assert [labels[i][1:] for i in idx] == want
+        for r, idx in enumerate(cv.final_windows.tolist()):
+            end = spec.prefix_lens[r] + spec.extend_lens[r]
+            assert [labels[i][1:] for i in idx] == [(r, end - k1 + c) for c in range(k1)]
+        # mid-row saves: the K-1 inputs before the boundary, of the row itself
         mids = hs + rcs
         assert tuple(tr.windows.shape) == (len(mids), k1)
         for t, idx in zip(mids, tr.windows.tolist(), strict=True):

@@ -62,10 +62,8 @@ def ssm_launch_config(state_dtype: torch.dtype, headdim: int, dstate: int) -> Ss
     program scheduling.
     """
     rows = max(1, (4096 // state_dtype.itemsize) // max(dstate, 1))
-    block_p = max(min(_pow2_floor(rows), _pow2_ceil(headdim)), 1)
-    return SsmLaunchConfig(
-        block_p=block_p, num_warps=1, row_walk=state_dtype.itemsize >= 4
-    )
+    block_p = max(min(_pow2_floor(rows), pow2_ceil(headdim)), 1)
+    return SsmLaunchConfig(block_p=block_p, num_warps=1, row_walk=state_dtype.itemsize >= 4)
 
 
 @functools.cache
@@ -78,7 +76,7 @@ def conv_launch_config(dim: int, *, channels_contiguous: bool = False) -> ConvLa
     With the ``[slots, conv_dim, k-1]`` contiguous layout more rows did not help (36% at
     best, one row): its 6-byte channel runs force 2-byte accesses whatever the tile.
     """
-    block_c = min(128, _pow2_ceil(dim))
+    block_c = min(128, pow2_ceil(dim))
     return ConvLaunchConfig(block_c=block_c, num_warps=2, rows=4 if channels_contiguous else 1)
 
 
@@ -102,8 +100,19 @@ def _sm_count(index: int) -> int:
     return int(torch.cuda.get_device_properties(index).multi_processor_count)
 
 
-def _pow2_ceil(n: int) -> int:
+def pow2_ceil(n: int) -> int:
+    """The least power of two ``>= n`` (1 for ``n <= 1``).
+
+    Host code uses this and :func:`cdiv`, not ``triton.next_power_of_2`` / ``triton.cdiv``:
+    in Triton 3.6 those are ``constexpr_function`` objects whose wrapper costs a few
+    microseconds a call, which a launch path calling them two or three times pays per op.
+    """
     return 1 << max(n - 1, 0).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` for ints, ``b > 0``."""
+    return -(-a // b)
 
 
 def _pow2_floor(n: int) -> int:

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from hybridmeta.debug import is_debug
-from hybridmeta.kernels._config import ConvLaunchConfig, conv_launch_config
+from hybridmeta.kernels._config import ConvLaunchConfig, cdiv, conv_launch_config, pow2_ceil
 from hybridmeta.kernels._dispatch import Impl, no_output_fake, observed, resolve
 from hybridmeta.kernels._launch import DirectLauncher
 from hybridmeta.kernels._math import conv_step, scatter_rows_
@@ -158,12 +158,12 @@ def launch_conv_update(
         if config is not None
         else conv_launch_config(dim, channels_contiguous=conv_state.stride(1) == 1)
     )
-    grid = (triton.cdiv(dim, cfg.block_c), triton.cdiv(bs, cfg.rows), 1)
+    grid = (cdiv(dim, cfg.block_c), cdiv(bs, cfg.rows), 1)
     ints = (
         dim, x.stride(0), x.stride(1), *conv_state.stride(), weight.stride(0), weight.stride(1),
         out.stride(0), out.stride(1),
     )  # fmt: skip
-    flags = (width, bias is not None, silu, cfg.rows, cfg.block_c, triton.next_power_of_2(width))
+    flags = (width, bias is not None, silu, cfg.rows, cfg.block_c, pow2_ceil(width))
     ptrs = (
         x.data_ptr(), conv_state.data_ptr(), weight.data_ptr(),
         None if bias is None else bias.data_ptr(), out.data_ptr(), slot_indices.data_ptr(),

@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from hybridmeta.debug import is_debug
-from hybridmeta.kernels._config import ConvLaunchConfig, conv_launch_config
+from hybridmeta.kernels._config import ConvLaunchConfig, cdiv, conv_launch_config, pow2_ceil
 from hybridmeta.kernels._dispatch import Impl, no_output_fake, observed, on_device, resolve
 from hybridmeta.kernels._math import conv_step
 from hybridmeta.kernels._validate import (
@@ -215,7 +215,7 @@ def launch_conv_verify(
         return
     cfg = config if config is not None else conv_launch_config(dim)
     par_strides = parent.stride() if parent is not None else (0, 0)
-    grid = (triton.cdiv(dim, cfg.block_c), T, bs)
+    grid = (cdiv(dim, cfg.block_c), T, bs)
     _conv_verify_kernel[grid](
         x_ptr=x,
         conv_state_ptr=conv_state,
@@ -251,7 +251,7 @@ def launch_conv_verify(
         HAS_PARENT=parent is not None,
         HAS_NDRAFT=num_draft is not None,
         BLOCK_C=cfg.block_c,
-        BLOCK_K=triton.next_power_of_2(width),
+        BLOCK_K=pow2_ceil(width),
         num_warps=cfg.num_warps,
     )
 

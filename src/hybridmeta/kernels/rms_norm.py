@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from hybridmeta.kernels._config import pow2_ceil
 from hybridmeta.kernels._dispatch import Impl, no_output_fake, observed, resolve
 from hybridmeta.kernels._launch import DirectLauncher
 from hybridmeta.kernels._validate import FLOAT_DTYPES, check_tensor
@@ -129,7 +130,7 @@ def launch_add_rms_norm(
     rows, n_cols = x.shape
     if rows == 0:
         return
-    block = triton.next_power_of_2(n_cols)
+    block = pow2_ceil(n_cols)
     warps = _norm_warps(block)
     has_res = residual is not None
     strides = (
@@ -168,7 +169,7 @@ def launch_gated_rms_norm(
     if rows == 0:
         return
     groups = width // group_size
-    block = triton.next_power_of_2(group_size)
+    block = pow2_ceil(group_size)
     warps = _norm_warps(block)
     norm_dtype = _TL_DTYPE[y.dtype]
     product_dtype = _TL_DTYPE[torch.promote_types(weight.dtype, y.dtype)]

@@ -51,6 +51,7 @@ import torch
 import triton
 import triton.language as tl
 
+from hybridmeta.kernels._config import cdiv, pow2_ceil
 from hybridmeta.kernels._dispatch import Impl, _interpreting, resolve
 from hybridmeta.kernels._math import SSMParams, process_dt
 from hybridmeta.model import ChunkPlan, Mamba2Metadata, MixedMetadata
@@ -543,7 +544,7 @@ def _chunk_scan_kernel(
 
 
 def _block(n: int, lo: int, hi: int) -> int:
-    return min(hi, max(lo, triton.next_power_of_2(n)))
+    return min(hi, max(lo, pow2_ceil(n)))
 
 
 def _ssd_chunked_scan_triton(
@@ -579,7 +580,7 @@ def _ssd_chunked_scan_triton(
     BLOCK_P = _block(P, 16, 64)
     BLOCK_K = _block(L, 16, 64)
     BLOCK_M = _block(L, 16, 64)
-    n_p = triton.cdiv(P, BLOCK_P)
+    n_p = cdiv(P, BLOCK_P)
 
     S = torch.empty(NL, H, P, N, device=dev, dtype=torch.float32)
     _chunk_state_kernel[(NL * H, n_p)](
@@ -609,7 +610,7 @@ def _ssd_chunked_scan_triton(
     state_in = torch.empty_like(S)
     state_out = torch.empty_like(S)
     BLOCK = 1024 if not _interpreting() else 64
-    _state_passing_kernel[(H, triton.cdiv(P * N, BLOCK))](
+    _state_passing_kernel[(H, cdiv(P * N, BLOCK))](
         S_ptr=S,
         acum_ptr=acum_t,
         first_ptr=chunks.first,
@@ -631,7 +632,7 @@ def _ssd_chunked_scan_triton(
         BLOCK=BLOCK,
     )
     y = torch.empty(T, H, P, device=dev, dtype=x.dtype)
-    _chunk_scan_kernel[(NL * H, triton.cdiv(L, BLOCK_M) * n_p)](
+    _chunk_scan_kernel[(NL * H, cdiv(L, BLOCK_M) * n_p)](
         x_ptr=x,
         B_ptr=B,
         C_ptr=C,

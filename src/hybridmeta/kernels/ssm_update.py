@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from hybridmeta.debug import is_debug
-from hybridmeta.kernels._config import SsmLaunchConfig, ssm_launch_config
+from hybridmeta.kernels._config import SsmLaunchConfig, cdiv, pow2_ceil, ssm_launch_config
 from hybridmeta.kernels._dispatch import Impl, no_output_fake, observed, resolve
 from hybridmeta.kernels._launch import DirectLauncher, device_capacity
 from hybridmeta.kernels._math import discretize, scatter_rows_, ssm_step
@@ -516,7 +516,7 @@ def launch_ssm_update(
     flags = (
         dt_softplus, dt_bias is not None, D is not None, z is not None,
         dst_indices is not None, track_indices is not None, n_ptiles, block_p,
-        triton.next_power_of_2(dstate), cfg.row_block,
+        pow2_ceil(dstate), cfg.row_block,
     )  # fmt: skip
     ptrs = (
         state.data_ptr(), x.data_ptr(), dt.data_ptr(), _ptr(dt_bias), A.data_ptr(),
@@ -604,7 +604,7 @@ def _launch_tiles(
     flags = (
         dt_softplus, dt_bias is not None, D is not None, z is not None,
         dst_indices is not None, track_indices is not None, cfg.block_p,
-        triton.next_power_of_2(dstate),
+        pow2_ceil(dstate),
     )  # fmt: skip
     ptrs = (
         state.data_ptr(), x.data_ptr(), dt.data_ptr(), _ptr(dt_bias), A.data_ptr(),
@@ -619,7 +619,7 @@ def _launch_tiles(
                                                    track_mask)),
     )  # fmt: skip
     var = _TILE_LAUNCHER.lookup(key, aligned)
-    grid = (triton.cdiv(headdim, cfg.block_p), bs, nheads)
+    grid = (cdiv(headdim, cfg.block_p), bs, nheads)
 
     def fast_args() -> tuple[object, ...]:
         return (*ptrs, *ints, *flags)

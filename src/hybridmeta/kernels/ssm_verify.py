@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from hybridmeta.debug import is_debug
-from hybridmeta.kernels._config import SsmLaunchConfig
+from hybridmeta.kernels._config import SsmLaunchConfig, cdiv, pow2_ceil
 from hybridmeta.kernels._dispatch import Impl, no_output_fake, observed, on_device, resolve
 from hybridmeta.kernels._math import discretize, ssm_step
 from hybridmeta.kernels._validate import (
@@ -287,7 +287,7 @@ def launch_ssm_verify(
     cfg = config if config is not None else ssm_verify_launch_config(headdim, dstate)
     z_strides = z.stride() if z is not None else (0, 0, 0, 0)
     par_strides = parent.stride() if parent is not None else (0, 0)
-    grid = (triton.cdiv(headdim, cfg.block_p), bs, nheads)
+    grid = (cdiv(headdim, cfg.block_p), bs, nheads)
     _ssm_verify_kernel[grid](
         state_ptr=state,
         x_ptr=x,
@@ -345,7 +345,7 @@ def launch_ssm_verify(
         HAS_PARENT=parent is not None,
         HAS_NDRAFT=num_draft is not None,
         BLOCK_P=cfg.block_p,
-        BLOCK_N=triton.next_power_of_2(dstate),
+        BLOCK_N=pow2_ceil(dstate),
         num_warps=cfg.num_warps,
     )
 

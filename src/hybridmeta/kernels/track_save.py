@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from hybridmeta.debug import is_debug
-from hybridmeta.kernels._config import CopyLaunchConfig, copy_launch_config
+from hybridmeta.kernels._config import CopyLaunchConfig, cdiv, copy_launch_config, pow2_ceil
 from hybridmeta.kernels._dispatch import Impl, no_output_fake, observed, on_device, resolve
 from hybridmeta.kernels._math import scatter_rows_
 from hybridmeta.kernels._validate import (
@@ -117,12 +117,12 @@ def launch_track_save(
         if config is not None
         else copy_launch_config(ssm_pool.device, ssm_pool.element_size())
     )
-    ssm_block = min(cfg.block, triton.next_power_of_2(ssm_numel))
+    ssm_block = min(cfg.block, pow2_ceil(ssm_numel))
     conv_block = min(
         cfg.block * ssm_pool.element_size() // conv_pool.element_size(),
-        triton.next_power_of_2(conv_numel),
+        pow2_ceil(conv_numel),
     )
-    work = num_layers * triton.cdiv(ssm_numel, ssm_block)
+    work = num_layers * cdiv(ssm_numel, ssm_block)
     grid = (max(1, min(cfg.max_programs, work)),)
     _track_save_kernel[grid](
         ssm_ptr=ssm_pool,
