@@ -63,6 +63,12 @@ class ReplayMachine(RuleBasedStateMachine):
     def make_backend(self) -> GraphBackend:
         return EmulatedGraphBackend(self.device)
 
+    def teardown(self) -> None:
+        # Free this case's graphs now: the machine is in a reference cycle, and the cyclic
+        # collector would otherwise free them at an arbitrary later allocation.
+        for name in ("runner",):
+            self.__dict__.pop(name, None)
+
     def make_model(self, num_slots: int, max_bs: int, gen: torch.Generator) -> StepModel:
         return ToyMamba(
             num_slots,

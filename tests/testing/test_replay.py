@@ -164,3 +164,25 @@ def test_steps_the_failure_does_not_need_are_deleted() -> None:
     reduced = _reduce(machine, ReplayFailure("x", [(noop, TailFill.ZEROS), (bad, TailFill.ZEROS)]))
     assert reduced.steps == [(bad, TailFill.ZEROS)]
     assert "diagnosis:" in str(reduced)
+
+
+def test_each_test_case_frees_its_graphs_when_it_ends() -> None:
+    # The machine itself sits in a reference cycle (Hypothesis's rule strategy refers back
+    # to it): its graphs must not wait for the cyclic collector, which could run inside the
+    # next case's capture and keeps every earlier case's graph memory alive meanwhile.
+    import gc
+    import weakref
+
+    from hybridmeta.testing.replay import _ReplayBase, replay_machine
+
+    machine = replay_machine(Tiny, track=False)()
+    assert isinstance(machine, _ReplayBase)
+    machine.capture()
+    graph = weakref.ref(machine._graphs[machine.backend.max_bs])
+    backend = weakref.ref(machine.backend)
+    gc.disable()
+    try:
+        machine.teardown()
+        assert graph() is None and backend() is None
+    finally:
+        gc.enable()

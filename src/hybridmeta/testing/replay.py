@@ -150,6 +150,18 @@ class _ReplayBase(RuleBasedStateMachine):
             b.prepare_capture(bucket)
             self._graphs[bucket] = gb.capture(functools.partial(b.forward, bucket))
 
+    def teardown(self) -> None:
+        """Free this test case's graphs and backend now, between test cases.
+
+        A Hypothesis state machine sits in a reference cycle (its rule strategy refers back
+        to it), so without this its graphs would wait for the cyclic garbage collector,
+        which may run inside the next test case's capture (see
+        :mod:`hybridmeta.graphs.capture`: captures pause the collector) and meanwhile keep
+        every earlier case's graph memory pool alive.
+        """
+        self._graphs.clear()
+        self._backend = None
+
     # ------------------------------------------------------------------ one step
 
     def _replay(
