@@ -456,8 +456,7 @@ def plan_host(
         ends = np.append(starts[1:], total).astype(np.int64)
         # Row of each chunk: the last row starting at or before it (rows have >= 1 token).
         chunk_row = np.searchsorted(qsl[1 : n_pre + 1], starts, side="right")
-        # A chunk is its row's first when it starts where its row starts (a start shared
-        # with empty rows before it is still that row's start).
+        # A chunk is its row's first when it starts where its row starts.
         chunk_first = (starts == qsl[chunk_row]).astype(np.int64)
         token_chunk = np.repeat(np.arange(n_logical, dtype=np.int64), ends - starts)
         token_pos = np.arange(total, dtype=np.int64) - starts[token_chunk]

@@ -112,7 +112,7 @@ def _collector_paused() -> Iterator[None]:
     warns, the capture is invalidated, and the *next* launch fails with "operation failed
     due to a previous error during capture", far from the cause. ``torch.cuda.graph``
     neither collects before capturing (unless ``torch.compiler.config.force_cudagraph_gc``)
-    nor pauses the collector (checked in torch 2.11 and 2.13), so a process that captures
+    nor pauses the collector (read in torch 2.13's ``torch/cuda/graphs.py``), so a process that captures
     many graphs (a replay harness builds fresh graphs for every test case) hits this at
     random. The garbage waits for the first collection after the capture. A collector the
     caller had already disabled stays disabled.

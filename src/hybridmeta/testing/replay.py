@@ -154,10 +154,10 @@ class _ReplayBase(RuleBasedStateMachine):
         """Free this test case's graphs and backend now, between test cases.
 
         A Hypothesis state machine sits in a reference cycle (its rule strategy refers back
-        to it), so without this its graphs would wait for the cyclic garbage collector,
-        which may run inside the next test case's capture (see
-        :mod:`hybridmeta.graphs.capture`: captures pause the collector) and meanwhile keep
-        every earlier case's graph memory pool alive.
+        to it), so without this its graphs would wait for the cyclic garbage collector:
+        freed at an arbitrary later allocation (captures pause the collector for this
+        reason, :mod:`hybridmeta.graphs.capture`), they keep every earlier case's graph
+        memory pool alive meanwhile.
         """
         self._graphs.clear()
         self._backend = None
