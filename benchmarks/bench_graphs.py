@@ -58,7 +58,14 @@ def _sync(device: torch.device) -> None:
 def _host_us(
     fn: Callable[[], object], device: torch.device, number: int, repeat: int
 ) -> dict[str, float]:
-    """Host time per call (us): median and min over ``repeat`` loops of ``number`` calls."""
+    """Host time per call (us), two ways, median and min over ``repeat`` loops.
+
+    ``median_us`` / ``min_us``: ``number`` calls back to back. On a GPU this is bounded
+    below by the device time of the work each call enqueues (once the launch queue is full
+    the host waits), so it is a throughput, not the host cost.
+    ``isolated_*``: each call timed alone, the device idle when it starts (a sync between
+    calls, outside the timed span): the host cost of one call.
+    """
     for _ in range(min(number, 200)):
         fn()
     _sync(device)
@@ -69,7 +76,23 @@ def _host_us(
             fn()
         runs.append((time.perf_counter() - t0) / number * 1e6)
         _sync(device)
-    return {"median_us": statistics.median(runs), "min_us": min(runs)}
+    alone = []
+    n_alone = min(number, 500)
+    for _ in range(repeat):
+        spent = 0.0
+        for _ in range(n_alone):
+            _sync(device)
+            t0 = time.perf_counter()
+            fn()
+            spent += time.perf_counter() - t0
+        alone.append(spent / n_alone * 1e6)
+    _sync(device)
+    return {
+        "median_us": statistics.median(runs),
+        "min_us": min(runs),
+        "isolated_median_us": statistics.median(alone),
+        "isolated_min_us": min(alone),
+    }
 
 
 def _no_sync(fn: Callable[[], object], device: torch.device) -> bool:
@@ -269,7 +292,8 @@ def main(argv: list[str] | None = None) -> int:
 
     refresh = bench_refresh(device, args.number, args.repeat)
     replay = bench_replay(device, args.small, args.iters)
-    at256 = next(r for r in refresh if r["bs"] == 256 and not r["slot_table"])
+    # Issue 11's target is the refresh *with* the virtual -> physical slot table.
+    at256 = next(r for r in refresh if r["bs"] == 256 and r["slot_table"])
     report = {
         "benchmark": "graphs",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -286,8 +310,12 @@ def main(argv: list[str] | None = None) -> int:
         "refresh": refresh,
         "replay": replay,
         "target": {
+            "what": "refresh_and_build with the slot table at bs 256, host time of one call",
             "refresh_and_build_bs256_us": 25.0,
-            "met": at256["refresh_and_build"]["median_us"] < 25.0 and at256["no_device_sync"],
+            "reached_isolated_median_us": at256["refresh_and_build"]["isolated_median_us"],
+            "back_to_back_median_us": at256["refresh_and_build"]["median_us"],
+            "met": at256["refresh_and_build"]["isolated_median_us"] < 25.0
+            and at256["no_device_sync"],
         },
     }
     text = json.dumps(report, indent=2)
