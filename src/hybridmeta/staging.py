@@ -48,7 +48,7 @@ def to_device_packed(
         np.concatenate([a.reshape(-1) for a in arrays], out=host.numpy(), casting="unsafe")
     flat = host.to(device, non_blocking=True)
     return {
-        name: v.view(a.shape)
+        name: v if a.ndim == 1 else v.view(a.shape)  # split pieces are already 1-D
         for name, a, v in zip(parts, arrays, torch.split(flat, sizes), strict=True)
     }
 
