@@ -30,9 +30,9 @@ refusals)
   ;;
 tests)
   step "gpu tests: properties and graphs thorough, the rest ci"
-  HYPOTHESIS_PROFILE=thorough timeout ${THOROUGH_TIMEOUT:-200} python3 -m pytest -q -m gpu -p no:cacheprovider \
+  HYPOTHESIS_PROFILE=thorough timeout ${THOROUGH_TIMEOUT:-200} python3 -m pytest -q -m gpu -p no:cacheprovider --durations=15 \
     tests/properties tests/graphs 2>&1 | tee "$OUT/gpu_tests_thorough.log" | tail -6
-  HYPOTHESIS_PROFILE=ci timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q -m gpu -p no:cacheprovider \
+  HYPOTHESIS_PROFILE=ci timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q -m gpu -p no:cacheprovider --durations=15 \
     tests/kernels tests/runtime tests/examples tests/test_*.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -8
   ;;
 sanitizer)
@@ -43,7 +43,7 @@ sanitizer)
   ;;
 spec)
   step "spec decode: (B, T) verify + commit replay machine on CUDA graphs, runtime spec decode (thorough)"
-  HYPOTHESIS_PROFILE=thorough timeout ${SPEC_TIMEOUT:-300} python3 -m pytest -q -m gpu -p no:cacheprovider \
+  HYPOTHESIS_PROFILE=thorough timeout ${SPEC_TIMEOUT:-300} python3 -m pytest -q -m gpu -p no:cacheprovider --durations=15 \
     tests/properties/test_graphs_spec_replay.py tests/runtime/test_spec.py \
     2>&1 | tee "$OUT/gpu_spec.log" | tail -15
   step "main job on CUDA (spec decode row included)"
