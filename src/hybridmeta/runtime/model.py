@@ -57,6 +57,11 @@ class Forward:
     positions: torch.Tensor | None = None
 
 
+def _capturing(t: torch.Tensor) -> bool:
+    """Whether ``t``'s device is capturing a CUDA graph on the current stream."""
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
 def _pad_rows(flat: torch.Tensor, plan: AttentionPlan) -> torch.Tensor:
     """``[T, ...]`` flat tokens -> ``[P, L, ...]`` padded rows (pad cells are zero)."""
     zero = flat.new_zeros((1, *flat.shape[1:]))
@@ -89,9 +94,9 @@ class GatedRMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        return kernels.gated_rms_norm(
-            y.contiguous(), z.contiguous(), self.weight, self.group_size, self.eps
-        )
+        # z is a column slice of the input projection: the kernel reads it in place (rows
+        # strided, channels contiguous), no copy.
+        return kernels.gated_rms_norm(y, z, self.weight, self.group_size, self.eps)
 
 
 class Relu2MLP(nn.Module):
@@ -111,6 +116,9 @@ class Relu2MLP(nn.Module):
 
 class Mamba2Mixer(nn.Module):
     """Mamba2 mixer: in_proj -> causal conv1d -> SSD -> gated RMSNorm -> out_proj."""
+
+    A: torch.Tensor
+    dt_bias_f32: torch.Tensor
 
     def __init__(self, config: NemotronHConfig, index: int) -> None:
         super().__init__()
@@ -138,6 +146,18 @@ class Mamba2Mixer(nn.Module):
         self.dt_bias = nn.Parameter(torch.ones(config.mamba_num_heads))
         self.A_log = nn.Parameter(torch.zeros(config.mamba_num_heads))
         self.D = nn.Parameter(torch.ones(config.mamba_num_heads))
+        # Derived once from the weights, not per forward (each was three or four tiny
+        # kernels per layer per step): ``A = -exp(A_log)`` and ``dt_bias`` in fp32. Not in
+        # the state dict; ``derive_constants`` refreshes them, and runs after every
+        # ``load_state_dict`` (hook below) and, in an eager forward, whenever ``A_log`` or
+        # ``dt_bias`` changed in place since.
+        self.register_buffer("A", torch.empty(config.mamba_num_heads), persistent=False)
+        self.register_buffer("dt_bias_f32", torch.empty(config.mamba_num_heads), persistent=False)
+        self._derived_from: tuple[int, ...] = ()
+        self.derive_constants()
+        self.register_load_state_dict_post_hook(  # type: ignore[no-untyped-call]
+            lambda module, _: module.derive_constants()
+        )
         self.norm = GatedRMSNorm(inner, inner // config.n_groups, config.layer_norm_epsilon)
         self.out_proj = nn.Linear(inner, config.hidden_size, bias=config.use_bias)
 
@@ -146,10 +166,37 @@ class Mamba2Mixer(nn.Module):
         z, xbc, dt = torch.split(proj, [inner, self.conv_dim, self.num_heads], dim=-1)
         return z, xbc, dt
 
-    def _dt(self, dt: torch.Tensor) -> torch.Tensor:
+    def _weights_key(self) -> tuple[int, ...]:
+        a, b = self.A_log, self.dt_bias
+        return (a._version, a.data_ptr(), b._version, b.data_ptr())
+
+    @torch.no_grad()
+    def derive_constants(self) -> None:
+        """Recompute ``A = -exp(A_log)`` and the fp32 ``dt_bias`` from the weights, in
+        place (a captured CUDA graph that reads them sees the new values)."""
+        if self.A_log.is_meta:
+            return
+        a = -torch.exp(self.A_log.float())
+        # a copy even when dt_bias is fp32 already: never the parameter itself
+        b = self.dt_bias.detach().to(torch.float32, copy=True)
+        if self.A.device != a.device or self.A.is_meta:
+            self.A = a
+            self.dt_bias_f32 = b
+        else:
+            self.A.copy_(a)
+            self.dt_bias_f32.copy_(b)
+        self._derived_from = self._weights_key()
+
+    def _constants(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._weights_key() != self._derived_from and not _capturing(self.A):
+            self.derive_constants()
+        return self.A, self.dt_bias_f32
+
+    def _dt(self, dt: torch.Tensor, dt_bias: torch.Tensor) -> torch.Tensor:
         # the clamp is the model's dt lower limit; applied in prefill and decode alike so a
-        # cache hit and a cold recompute see the same discretisation
-        return F.softplus(dt.float() + self.dt_bias.float()).clamp(min=self.config.time_step_min)
+        # cache hit and a cold recompute see the same discretisation. ``dt`` (activation
+        # dtype) + the fp32 bias promotes to fp32 in the add itself.
+        return F.softplus(torch.add(dt, dt_bias)).clamp_(min=self.config.time_step_min)
 
     def forward(self, h: torch.Tensor, fwd: Forward) -> torch.Tensor:
         """``h``: ``[T, hidden]`` (prefill tokens first, then one token per decode row).
@@ -162,8 +209,8 @@ class Mamba2Mixer(nn.Module):
         conv_state = fwd.pool.conv[self.index]  # [S, C, K-1]
         ssm_state = fwd.pool.ssm[self.index]  # [S, H, D, N]
         weight = self.conv1d.weight.squeeze(1)  # [C, K]
-        A = -torch.exp(self.A_log.float())
-        dt_p = self._dt(dt)  # [T, H] fp32, discretised here and handed over as is
+        A, dt_bias = self._constants()
+        dt_p = self._dt(dt, dt_bias)  # [T, H] fp32, discretised here and handed over as is
         H, D, G, N = self.num_heads, self.head_dim, self.n_groups, self.state_size
         tp = md.num_prefill_tokens
         parts: list[torch.Tensor] = []

@@ -1,0 +1,142 @@
+"""The runtime model's decode step: derived per-layer constants and the ops one step runs."""
+
+from __future__ import annotations
+
+import collections
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from hybridmeta.kernels import implementation
+from hybridmeta.model import ForwardMetadata, prepare_decode
+from hybridmeta.runtime.loader import load_nemotron_h
+from hybridmeta.runtime.model import Mamba2Mixer, NemotronH
+from hybridmeta.runtime.state import StatePool
+from hybridmeta.runtime.tiny import tiny_config, write_tiny_checkpoint
+
+
+def _mixers(model: NemotronH) -> list[Mamba2Mixer]:
+    return [m for m in model.modules() if isinstance(m, Mamba2Mixer)]
+
+
+def _decode(model: NemotronH, bs: int = 2) -> torch.Tensor:
+    pool = StatePool.allocate(
+        model.config, num_working=4, num_track=0, max_len=16, device=torch.device("cpu"),
+        dtype=torch.float32,
+    )  # fmt: skip
+    slots = torch.arange(bs)
+    fwd = ForwardMetadata(
+        query_start_loc=torch.arange(bs + 1),
+        mamba_cache_indices=slots,
+        mamba_track_indices=torch.full_like(slots, -1),
+        mamba_track_mask=torch.zeros_like(slots, dtype=torch.bool),
+        has_mamba_track_mask=False,
+    )
+    ids = torch.tensor([5, 7][:bs])
+    with torch.no_grad():
+        return model.forward_decode(ids, torch.full((bs,), 3), prepare_decode(fwd), pool)
+
+
+def _reference_decode(model: NemotronH) -> torch.Tensor:
+    """The same step with the constants computed from the weights inside the forward."""
+    twin = copy.deepcopy(model)
+    for m in _mixers(twin):
+        m.A = -torch.exp(m.A_log.float())
+        m.dt_bias_f32 = m.dt_bias.float()
+        m._derived_from = m._weights_key()
+    return _decode(twin)
+
+
+def test_derived_constants_equal_the_formula_after_loading(tiny_model: NemotronH) -> None:
+    mixers = _mixers(tiny_model)
+    assert mixers
+    for m in mixers:
+        assert torch.equal(m.A, -torch.exp(m.A_log.float()))
+        assert torch.equal(m.dt_bias_f32, m.dt_bias.float())
+        assert m.A.dtype == m.dt_bias_f32.dtype == torch.float32
+    # derived, not weights: the state dict (what a checkpoint holds) is unchanged
+    assert not any(k.endswith((".A", ".dt_bias_f32")) for k in tiny_model.state_dict())
+
+
+def test_an_in_place_weight_update_reaches_the_next_eager_step(tiny_dir: Path) -> None:
+    model = load_nemotron_h(tiny_dir)
+    before = _decode(model)
+    m = _mixers(model)[0]
+    with torch.no_grad():
+        m.A_log.add_(0.7)
+        m.dt_bias.mul_(1.5)
+    after = _decode(model)
+    assert not torch.equal(before, after)
+    assert torch.equal(m.A, -torch.exp(m.A_log.float()))
+    assert torch.equal(m.dt_bias_f32, m.dt_bias.float())
+    torch.testing.assert_close(after, _reference_decode(model), rtol=0, atol=0)
+
+
+def test_load_state_dict_refreshes_the_derived_constants(tiny_dir: Path) -> None:
+    model = load_nemotron_h(tiny_dir)
+    sd = {k: v.clone() for k, v in model.state_dict().items()}
+    name = next(k for k in sd if k.endswith("mixer.A_log"))
+    sd[name] += 0.3
+    stale = [m.A.clone() for m in _mixers(model)]
+    model.load_state_dict(sd)
+    changed = [not torch.equal(a, m.A) for a, m in zip(stale, _mixers(model), strict=True)]
+    assert changed.count(True) == 1
+    for m in _mixers(model):
+        assert torch.equal(m.A, -torch.exp(m.A_log.float()))
+
+
+class _Ops(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.counts: collections.Counter[str] = collections.Counter()
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+    ) -> Any:
+        self.counts[str(func)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+# Ops that allocate, alias or describe without running a kernel.
+_NO_KERNEL = (
+    "empty", "empty_like", "promote_types", "view", "reshape", "_unsafe_view", "split",
+    "split_with_sizes", "slice", "select", "squeeze", "unsqueeze", "expand", "t",
+    "transpose", "permute", "alias", "detach", "as_strided", "unbind",
+)  # fmt: skip
+
+
+def _kernel_ops(pattern: str, tmp: Path) -> collections.Counter[str]:
+    model = load_nemotron_h(write_tiny_checkpoint(tmp, config=tiny_config(pattern=pattern)))
+    with implementation("triton"):
+        _decode(model)  # first step: nothing derived or compiled is counted
+        with _Ops() as ops:
+            _decode(model)
+    return collections.Counter(
+        {k: v for k, v in ops.counts.items() if k.split(".")[1] not in _NO_KERNEL}
+    )
+
+
+@pytest.mark.interpreter
+def test_a_mamba_layer_decodes_in_nine_kernels(tmp_path: Path) -> None:
+    # One more Mamba layer (and its MLP-free block) adds exactly these ops to a decode step:
+    # the fused add + RMSNorm, in_proj, the dt add/softplus/clamp, conv update, SSM update,
+    # gated RMSNorm (reading z in place) and out_proj. A constant recomputed per step
+    # (-exp(A_log), a cast of dt_bias or dt) or a copy of z would show up here.
+    one = _kernel_ops("M-", tmp_path / "one")
+    two = _kernel_ops("MM-", tmp_path / "two")
+    per_layer = two - one
+    assert per_layer == collections.Counter({
+        "hybridmeta.add_rms_norm.default": 1,
+        "aten.mm.default": 2,
+        "aten.add.Tensor": 1,
+        "aten.softplus.default": 1,
+        "aten.clamp_.default": 1,
+        "hybridmeta.causal_conv1d_update.default": 1,
+        "hybridmeta.ssm_state_update.default": 1,
+        "hybridmeta.gated_rms_norm.default": 1,
+    }), per_layer  # fmt: skip
+    assert one - two == collections.Counter()
