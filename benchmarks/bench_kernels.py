@@ -626,6 +626,46 @@ def _sweep_track(ceiling: float) -> list[dict[str, Any]]:
     return res
 
 
+TILE_SWEEP: tuple[tuple[int, int], ...] = ((8, 1), (16, 1), (16, 2), (32, 1), (32, 2), (32, 4))
+TILE_SWEEP_BS: tuple[int, ...] = (1, 4, 8, 16, 64, 128, 256, 512)
+
+
+def _sweep_tile(ceiling: float) -> list[dict[str, Any]]:
+    """The one-tile-a-program kernel (``row_walk=False``) at several tile shapes and warps
+    against the default, both state dtypes: per call in a graph of calls on rotating pools
+    (what a replayed decode step sees), and the padding price (bucket ``bs`` launched with
+    one live row, over a bucket-1 launch)."""
+    res: list[dict[str, Any]] = []
+    for dtype in (torch.float32, torch.bfloat16):
+        name = str(dtype).removeprefix("torch.")
+        default = ssm_launch_config(dtype, P, N)
+        for bs in TILE_SWEEP_BS:
+            probe = SsmProblem(bs, dtype)
+            nb = probe.bytes()
+            probs = [probe] + [SsmProblem(bs, dtype, seed=i + 1) for i in range(_n_rotating(nb) - 1)]
+            cfgs = [default] + [SsmLaunchConfig(block_p=bp, num_warps=nw, row_walk=False)
+                                for bp, nw in TILE_SWEEP if bp <= P]  # fmt: skip
+            for cfg in cfgs:
+                t = graph_us([p.launcher(cfg) for p in probs])
+                row = {"state_dtype": name, "bs": bs, "block_p": cfg.block_p,
+                       "num_warps": cfg.num_warps, "row_walk": cfg.row_walk,
+                       "default": cfg == default, "graph_us": t,
+                       "frac_copy": nb / t / 1e6 / ceiling}  # fmt: skip
+                if bs == 256:
+                    live = probe.src.clone()
+                    probe.src[1:] = -1  # one live row in a bucket of 256
+                    try:
+                        row["pad_bucket256_live1_us"] = med_us(probe.launcher(cfg))
+                    finally:
+                        probe.src.copy_(live)
+                res.append(row)
+                print("sweep tile", row, flush=True)
+            del probe, probs
+            if DEV.type == "cuda":
+                torch.cuda.empty_cache()
+    return res
+
+
 def sweep(ceiling: float) -> dict[str, Any]:
     """SSM launch-configuration sweep behind the defaults in hybridmeta.kernels._config."""
     return {"ssm": _sweep_ssm(ceiling)}
@@ -752,7 +792,7 @@ def replot(json_path: Path) -> None:
     plot(json.loads(json_path.read_text()), json_path.with_suffix(".png"))
 
 
-SECTIONS = ("host", "ssm", "conv", "norms", "track", "sweep", "sweep_conv")
+SECTIONS = ("host", "ssm", "conv", "norms", "track", "sweep", "sweep_conv", "sweep_tile")
 
 
 def main() -> None:
@@ -803,6 +843,7 @@ def main() -> None:
     steps: list[tuple[str, Callable[[], Any]]] = [
         ("sweep", lambda: sweep(ceiling)),
         ("sweep_conv", lambda: sweep_copy_kernels(ceiling)),
+        ("sweep_tile", lambda: {"ssm_tile": _sweep_tile(ceiling)}),
         ("host", lambda: host_overhead(peers)),
         ("ssm", lambda: bench_ssm(ceiling, peers)),
         ("conv", lambda: bench_conv(ceiling)),

@@ -7,7 +7,7 @@ import torch
 
 from hybridmeta.kernels import ssm_state_update
 from hybridmeta.kernels import ssm_update as su
-from hybridmeta.kernels._config import SsmLaunchConfig
+from hybridmeta.kernels._config import SsmLaunchConfig, ssm_launch_config
 from hybridmeta.kernels.ssm_update import launch_ssm_update
 from tests.kernels._support import (
     DEVICE,
@@ -90,6 +90,44 @@ def test_every_row_split_matches_reference(splits: int, row_block: int, layout: 
     assert_slots_bitwise(state, a["state"], untouched, "state")
     w = torch.tensor(written, device=DEVICE)
     assert_close(state[w], ref_state[w], "written slots")
+
+
+@ANY_DEVICE
+@pytest.mark.parametrize("bs", [32, 33])
+def test_default_launch_on_both_sides_of_the_tile_to_walk_switch(bs: int) -> None:
+    """fp32 launches of up to 32 rows run one tile a program, from 33 the row walk (the
+    default rule): both match the reference, pad rows zero, other slots untouched."""
+    cfg = ssm_launch_config(torch.float32, P, N)
+    assert cfg.walks_rows(bs) == (bs > 32)
+    src, trk, mask = _plan(bs, [0, 5, bs - 2], seed=bs)
+    a = _inputs(bs, 2 * bs + 1, seed=bs)
+    ref_state, ref_out = ssm_state_update_ref(
+        a["state"], a["x"], a["dt"], a["A"], a["B"], a["C"], src, D=a["D"], z=a["z"],
+        dt_softplus=True, track_indices=trk, track_mask=mask,
+    )  # fmt: skip
+    state = a["state"].clone()
+    out = nan_empty(bs, H, P, dtype=torch.float32)
+    launch_ssm_update(
+        state, a["x"], a["dt"], a["A"], a["B"], a["C"], out, src, D=a["D"], z=a["z"],
+        dt_bias=None, dt_softplus=True, dst_indices=None, track_indices=trk, track_mask=mask,
+    )  # fmt: skip
+    pad = src < 0
+    assert bool((out[pad] == 0).all()), "pad rows get zero output"
+    assert_close(out, ref_out, "out")
+    written = sorted({*src[~pad].tolist(), *trk[mask].tolist()})
+    untouched = torch.tensor([s for s in range(state.shape[0]) if s not in written], device=DEVICE)
+    assert_slots_bitwise(state, a["state"], untouched, "state")
+    w = torch.tensor(written, device=DEVICE)
+    assert_close(state[w], ref_state[w], "written slots")
+
+
+def test_the_default_rule_picks_the_kernel_by_dtype_and_rows() -> None:
+    f32 = ssm_launch_config(torch.float32, 80, 128)
+    assert [f32.walks_rows(bs) for bs in (1, 16, 32, 33, 256)] == [False] * 3 + [True] * 2
+    bf16 = ssm_launch_config(torch.bfloat16, 80, 128)
+    assert not any(bf16.walks_rows(bs) for bs in (1, 33, 512)) and bf16.num_warps == 2
+    # an explicit configuration keeps its kernel at every size
+    assert SsmLaunchConfig(block_p=8, num_warps=1).walks_rows(1)
 
 
 @ANY_DEVICE

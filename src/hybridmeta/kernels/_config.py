@@ -21,6 +21,9 @@ class SsmLaunchConfig:
     ``row_splits``: programs per tile position along the rows (``None``: about 2.5 full
     waves of resident programs; each program walks ``ceil(bs / row_splits)`` rows).
     ``row_block``: rows whose slots a program reads at once to skip pad rows.
+    ``tile_max_bs``: with ``row_walk``, launches of at most this many rows take the
+    one-tile-a-program kernel instead (same tile and warps): at a handful of rows the walk's
+    loop costs more than its row skipping saves.
     """
 
     block_p: int
@@ -28,6 +31,11 @@ class SsmLaunchConfig:
     row_splits: int | None = None
     row_block: int = 64
     row_walk: bool = True
+    tile_max_bs: int = 0
+
+    def walks_rows(self, bs: int) -> bool:
+        """Whether a launch of ``bs`` rows runs the row-walking kernel."""
+        return self.row_walk and bs > self.tile_max_bs
 
 
 @attrs.frozen
@@ -52,18 +60,22 @@ class CopyLaunchConfig:
 def ssm_launch_config(state_dtype: torch.dtype, headdim: int, dstate: int) -> SsmLaunchConfig:
     """Pick the SSM update kernel and tile for a state dtype and head shape.
 
-    A tile carries 4 KiB of state whatever its dtype, on one warp (128 bytes of state per
-    thread). An fp32 state takes the row-walking kernel: 92.8 / 94.0 / 93.7% of the copy
-    ceiling at bs 128 / 256 / 512 on the H200, against 90-92% for one tile a program, and
-    a padded bucket costs little (docs/perf_notes.md, run 3). A bf16 / fp16 state takes one
-    tile a program: the row walk's extra live registers held its 16-row bf16 tile to
-    78-82% (2 warps) and 71% (1 warp), against 88-90% for one tile a program on one warp.
-    mamba_ssm's 4-row tiles (2 KiB fp32, 1 KiB bf16, 4 warps) make the kernel bound by
-    program scheduling.
+    A tile carries 4 KiB of state whatever its dtype. An fp32 state (one warp, 128 bytes
+    of state per thread) takes the row-walking kernel from 33 rows up: 92.8 / 94.0 / 93.7%
+    of the copy ceiling at bs 128 / 256 / 512 on the H200, against 90-92% for one tile a
+    program, and a padded bucket costs little (docs/perf_notes.md, run 3); up to 32 rows
+    it takes one tile a program, 6-11% faster there (bs 4 / 8 / 16 under graph replay:
+    13.8 / 24.7 / 46.5 us against 15.5 / 26.9 / 49.4 us; `kernels_h200_tile_sweep.json`).
+    A bf16 / fp16 state takes one tile a program on two warps: the row walk's extra live
+    registers held its 16-row bf16 tile to 78-82%, against 87-90% for one tile a program
+    (two warps 0.3-5% faster than one at every bs of the tile sweep). mamba_ssm's 4-row
+    tiles (2 KiB fp32, 1 KiB bf16, 4 warps) make the kernel bound by program scheduling.
     """
     rows = max(1, (4096 // state_dtype.itemsize) // max(dstate, 1))
     block_p = max(min(_pow2_floor(rows), pow2_ceil(headdim)), 1)
-    return SsmLaunchConfig(block_p=block_p, num_warps=1, row_walk=state_dtype.itemsize >= 4)
+    if state_dtype.itemsize >= 4:
+        return SsmLaunchConfig(block_p=block_p, num_warps=1, row_walk=True, tile_max_bs=32)
+    return SsmLaunchConfig(block_p=block_p, num_warps=2, row_walk=False)
 
 
 @functools.cache

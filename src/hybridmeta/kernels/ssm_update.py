@@ -13,9 +13,11 @@ Two kernels, one contract; the launcher picks by the state pool's dtype (H200 sw
   up to ``ROW_BLOCK`` rows at once, writes the zero output of their pad rows in one store
   and skips the block when it holds no live row: a bucket-256 CUDA graph replayed with one
   live row costs little more than a bucket-1 graph.
-* **bf16 / fp16 state: one tile a program.** One program updates a ``[BLOCK_P, dstate]``
-  tile of one head of one row (grid ``p-tiles x bs x heads``). The row walk keeps more
-  registers live per thread, which costs a 2-byte state tile a third of its bandwidth.
+* **bf16 / fp16 state, and fp32 launches of at most 32 rows: one tile a program.** One
+  program updates a ``[BLOCK_P, dstate]`` tile of one head of one row (grid
+  ``p-tiles x bs x heads``). The row walk keeps more registers live per thread, which
+  costs a 2-byte state tile a third of its bandwidth; at a handful of rows its loop costs
+  more than its row skipping saves (``SsmLaunchConfig.tile_max_bs``).
 
 Pad rows (source slot ``-1``) read no state, write no state and get zero output. Flagged
 rows may also store the new state into their track slot in the same pass.
@@ -499,7 +501,7 @@ def launch_ssm_update(
     _, nheads, headdim, dstate = state.shape
     ngroups = B.shape[1]
     cfg = config if config is not None else ssm_launch_config(state.dtype, headdim, dstate)
-    if not cfg.row_walk:
+    if not cfg.walks_rows(bs):
         _launch_tiles(
             state, x, dt, A, B, C, out, src_indices, D, z, dt_bias, dt_softplus, dst_indices,
             track_indices, track_mask, cfg,
