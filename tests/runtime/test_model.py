@@ -89,6 +89,17 @@ def test_load_state_dict_refreshes_the_derived_constants(tiny_dir: Path) -> None
         assert torch.equal(m.A, -torch.exp(m.A_log.float()))
 
 
+def test_the_constants_stay_fp32_when_the_model_is_cast(tiny_dir: Path) -> None:
+    model = load_nemotron_h(tiny_dir).to(torch.bfloat16)
+    m = _mixers(model)[0]
+    assert m.A.dtype == torch.bfloat16  # Module.to cast the buffer ...
+    m._constants()
+    # ... and the next forward derives it again, in fp32, from the cast weights
+    assert m.A.dtype == m.dt_bias_f32.dtype == torch.float32
+    assert torch.equal(m.A, -torch.exp(m.A_log.float()))
+    assert torch.equal(m.dt_bias_f32, m.dt_bias.float())
+
+
 class _Ops(TorchDispatchMode):  # type: ignore[no-untyped-call]
     def __init__(self) -> None:
         super().__init__()  # type: ignore[no-untyped-call]

@@ -179,7 +179,8 @@ class Mamba2Mixer(nn.Module):
         a = -torch.exp(self.A_log.float())
         # a copy even when dt_bias is fp32 already: never the parameter itself
         b = self.dt_bias.detach().to(torch.float32, copy=True)
-        if self.A.device != a.device or self.A.is_meta:
+        if self.A.is_meta or self.A.device != a.device or self.A.dtype != a.dtype:
+            # first derivation, or the module was moved or cast (``Module.to`` casts buffers)
             self.A = a
             self.dt_bias_f32 = b
         else:
