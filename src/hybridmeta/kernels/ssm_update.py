@@ -387,17 +387,6 @@ def _ssm_update_tile_kernel(
     i_g = i_h // heads_per_group
 
     src = tl.load(src_ptr + i_b).to(tl.int64)
-    o_p = i_p * BLOCK_P + tl.arange(0, BLOCK_P)  # [BP]
-    m_p = o_p < headdim
-    if src < 0:
-        # A pad row (the tail of a CUDA-graph bucket): its zero output, and nothing else
-        # read or written; the program ends before issuing the row's other loads.
-        tl.store(
-            out_ptr + i_b * stride_o_b + i_h * stride_o_h + o_p * stride_o_p,
-            tl.zeros([BLOCK_P], dtype=out_ptr.dtype.element_ty),
-            mask=m_p,
-        )
-        return
     live = src >= 0
     dst = tl.load(dst_ptr + i_b).to(tl.int64) if HAS_DST else src
     # Row predicates enter masks as a bound on the headdim offset (a pad row's bound is 0):
@@ -405,7 +394,9 @@ def _ssm_update_tile_kernel(
     lim_read = tl.where(live, headdim, 0)
     lim_write = tl.where(dst >= 0, lim_read, 0)
 
+    o_p = i_p * BLOCK_P + tl.arange(0, BLOCK_P)  # [BP]
     o_n = tl.arange(0, BLOCK_N)  # [BN]
+    m_p = o_p < headdim
     m_n = o_n < dstate
     o_s = i_h * stride_s_h + o_p[:, None] * stride_s_p + o_n[None, :] * stride_s_n  # [BP, BN]
 
