@@ -172,8 +172,12 @@ class Mamba2Mixer(nn.Module):
 
     @torch.no_grad()
     def derive_constants(self) -> None:
-        """Recompute ``A = -exp(A_log)`` and the fp32 ``dt_bias`` from the weights, in
-        place (a captured CUDA graph that reads them sees the new values)."""
+        """Recompute ``A = -exp(A_log)`` and the fp32 ``dt_bias`` from the weights.
+
+        In place while the module keeps its device and dtype, so a captured CUDA graph that
+        reads them sees the new values on its next replay; after ``Module.to`` (which moves
+        or casts the buffers too) they are made anew, in fp32, on the weights' device.
+        """
         if self.A_log.is_meta:
             return
         a = -torch.exp(self.A_log.float())
