@@ -201,7 +201,8 @@ def _host_ints(name: str, value: IntLike) -> IntArray:
             raise ValueError(f"plan_mixed_batch: {name} must hold integers, got {value.dtype}")
         return value.to(torch.int64).reshape(-1).numpy().copy()
     arr = np.asarray(value)
-    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+    # dtype.kind: signed or unsigned integer ('i', 'u'); np.issubdtype is ~2 us a call
+    if arr.size and arr.dtype.kind not in "iu":
         raise ValueError(f"plan_mixed_batch: {name} must hold integers, got dtype {arr.dtype}")
     return arr.astype(np.int64).reshape(-1)
 
@@ -247,6 +248,16 @@ def _check_rows(
         raise ValueError(f"plan_mixed_batch: num_decodes must be in [0, {n}], got {num_decodes}")
     if n == 0:
         raise ValueError("plan_mixed_batch: the batch has no rows")
+    dec = slice(n - num_decodes, n)
+    # Fast path: one reduction per rule; the checks below find the row only on failure.
+    if (
+        extend.min() >= 1
+        and prefix.min() >= 0
+        and slots.min() >= 0
+        and (not num_decodes or (extend[dec].max() == 1 and prefix[dec].min() >= 1))
+        and not _has_duplicate(slots)
+    ):
+        return
     if (extend < 1).any():
         r = int(np.argmax(extend < 1))
         raise ValueError(
@@ -255,7 +266,6 @@ def _check_rows(
     if (prefix < 0).any():
         r = int(np.argmax(prefix < 0))
         raise ValueError(f"plan_mixed_batch: prefix_lens[{r}] = {prefix[r]} must be >= 0")
-    dec = slice(n - num_decodes, n)
     if (extend[dec] != 1).any():
         r = n - num_decodes + int(np.argmax(extend[dec] != 1))
         raise ValueError(

@@ -40,7 +40,7 @@ def to_device_packed(
     dict of str to torch.Tensor
         For each name, a view of the device copy with the part's shape.
     """
-    arrays = [_host_array(name, a) for name, a in parts.items()]
+    arrays = [a if type(a) is np.ndarray else _host_array(name, a) for name, a in parts.items()]
     sizes = [a.size for a in arrays]
     host = torch.empty(sum(sizes), dtype=dtype, pin_memory=device.type == "cuda")
     if arrays:
