@@ -298,6 +298,10 @@ def _check_track(track_mask: npt.NDArray[np.bool_], track_slots: IntArray, slots
     tracked = track_slots[track_mask]
     if tracked.shape[0] == 0:
         return
+    # Fast path: the working slots are distinct (checked first), so one sort of both finds
+    # a track slot that is a working slot or another tracked row's; details only on failure.
+    if tracked.min() >= 0 and not _has_duplicate(np.concatenate((slots, tracked))):
+        return
     if (tracked < 0).any():
         r = int(np.flatnonzero(track_mask)[np.argmax(tracked < 0)])
         raise ValueError(
