@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from hybridmeta import ForwardMetadata, debug_mode, prepare_decode
 from hybridmeta.kernels import (
@@ -31,6 +30,7 @@ from tests.kernels._support import (
     strided,
     track_save_ref,
 )
+from tests.op_log import OpLog
 
 H, P, N, G, SLOTS, BS = 4, 8, 16, 2, 8, 3
 
@@ -329,24 +329,8 @@ def test_track_save_rejects_bad_arguments() -> None:
     assert torch.equal(ssm, fresh_ssm)
 
 
-class _Recorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
-    def __init__(self) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
-        self.ops: list[str] = []
-
-    def __torch_dispatch__(
-        self,
-        func: Any,
-        types: Any,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
-        self.ops.append(str(func))
-        return func(*args, **(kwargs or {}))
-
-
 def _hybridmeta_ops(fn: Callable[[], object]) -> list[str]:
-    with _Recorder() as rec:
+    with OpLog() as rec:
         fn()
     return [o for o in rec.ops if o.startswith("hybridmeta.")]
 
@@ -466,7 +450,7 @@ def test_every_op_runs_under_fake_tensors() -> None:
     meta analysis) runs every op without touching data."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    seen = _Recorder()
+    seen = OpLog()
     with FakeTensorMode(), seen:
         a = _ssm_args()
         _call_ssm(a)

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from hybridmeta.kernels.rms_norm import (
     add_rms_norm,
@@ -17,6 +14,7 @@ from hybridmeta.kernels.rms_norm import (
     rms_norm_reference,
 )
 from tests.kernels._support import DEVICE, assert_close, bits, nan_empty
+from tests.op_log import OpLog
 
 pytestmark = pytest.mark.interpreter if DEVICE.type == "cpu" else pytest.mark.gpu
 
@@ -142,27 +140,11 @@ def test_bad_arguments_are_refused_and_nothing_is_written() -> None:
     assert bool(torch.isnan(out).all())
 
 
-class _Recorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
-    def __init__(self) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
-        self.ops: list[str] = []
-
-    def __torch_dispatch__(
-        self,
-        func: Any,
-        types: Any,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
-        self.ops.append(str(func))
-        return func(*args, **(kwargs or {}))
-
-
 def test_each_launch_is_one_dispatched_op() -> None:
     x = _rnd(2, 16, dtype=torch.float32, seed=20)
     w = _rnd(16, dtype=torch.float32, seed=21)
     out = torch.empty_like(x)
-    with _Recorder() as rec:
+    with OpLog() as rec:
         add_rms_norm(x, x, w, 1e-5, out=out, residual_out=torch.empty_like(x))
         gated_rms_norm(x, x, w, 8, 1e-5, out=out)
     mine = [s for s in rec.ops if s.startswith("hybridmeta.")]

@@ -60,6 +60,34 @@ def _plan(bs: int, live_rows: list[int], seed: int) -> tuple[torch.Tensor, torch
     )
 
 
+def _check_launch(
+    bs: int, live: list[int], *, plan_seed: int, input_seed: int, config: SsmLaunchConfig | None
+) -> None:
+    """Launch over ``bs`` rows (``live`` of them live, tracked every other one) and check it
+    against the reference: pad rows zero, written slots equal, other slots bit-identical."""
+    src, trk, mask = _plan(bs, live, seed=plan_seed)
+    a = _inputs(bs, 2 * bs + 1, seed=input_seed)
+    ref_state, ref_out = ssm_state_update_ref(
+        a["state"], a["x"], a["dt"], a["A"], a["B"], a["C"], src, D=a["D"], z=a["z"],
+        dt_softplus=True, track_indices=trk, track_mask=mask,
+    )  # fmt: skip
+    state = a["state"].clone()
+    out = nan_empty(bs, H, P, dtype=torch.float32)
+    launch_ssm_update(
+        state, a["x"], a["dt"], a["A"], a["B"], a["C"], out, src, D=a["D"], z=a["z"],
+        dt_bias=None, dt_softplus=True, dst_indices=None, track_indices=trk, track_mask=mask,
+        config=config,
+    )  # fmt: skip
+    pad = src < 0
+    assert bool((out[pad] == 0).all()), "pad rows get zero output"
+    assert_close(out, ref_out, "out")
+    written = sorted({*src[~pad].tolist(), *trk[mask].tolist()})
+    untouched = torch.tensor([s for s in range(state.shape[0]) if s not in written], device=DEVICE)
+    assert_slots_bitwise(state, a["state"], untouched, "state")
+    w = torch.tensor(written, device=DEVICE)
+    assert_close(state[w], ref_state[w], "written slots")
+
+
 @ANY_DEVICE
 @pytest.mark.parametrize(("splits", "row_block"), [(1, 64), (3, 64), (130, 64), (1, 16)])
 @pytest.mark.parametrize("layout", ["graph_tail", "shuffled"])
@@ -69,27 +97,8 @@ def test_every_row_split_matches_reference(splits: int, row_block: int, layout: 
     slots untouched."""
     bs = 130
     live = [0, 1] if layout == "graph_tail" else [3, 17, 18, 63, 64, 100, 129]
-    src, trk, mask = _plan(bs, live, seed=splits)
-    a = _inputs(bs, 2 * bs + 1, seed=len(live))
-    ref_state, ref_out = ssm_state_update_ref(
-        a["state"], a["x"], a["dt"], a["A"], a["B"], a["C"], src, D=a["D"], z=a["z"],
-        dt_softplus=True, track_indices=trk, track_mask=mask,
-    )  # fmt: skip
-    state = a["state"].clone()
-    out = nan_empty(bs, H, P, dtype=torch.float32)
-    launch_ssm_update(
-        state, a["x"], a["dt"], a["A"], a["B"], a["C"], out, src, D=a["D"], z=a["z"],
-        dt_bias=None, dt_softplus=True, dst_indices=None, track_indices=trk, track_mask=mask,
-        config=SsmLaunchConfig(block_p=4, num_warps=1, row_splits=splits, row_block=row_block),
-    )  # fmt: skip
-    pad = src < 0
-    assert bool((out[pad] == 0).all()), "pad rows get zero output"
-    assert_close(out, ref_out, "out")
-    written = sorted({*src[~pad].tolist(), *trk[mask].tolist()})
-    untouched = torch.tensor([s for s in range(state.shape[0]) if s not in written], device=DEVICE)
-    assert_slots_bitwise(state, a["state"], untouched, "state")
-    w = torch.tensor(written, device=DEVICE)
-    assert_close(state[w], ref_state[w], "written slots")
+    cfg = SsmLaunchConfig(block_p=4, num_warps=1, row_splits=splits, row_block=row_block)
+    _check_launch(bs, live, plan_seed=splits, input_seed=len(live), config=cfg)
 
 
 @ANY_DEVICE
@@ -99,26 +108,7 @@ def test_default_launch_on_both_sides_of_the_tile_to_walk_switch(bs: int) -> Non
     default rule): both match the reference, pad rows zero, other slots untouched."""
     cfg = ssm_launch_config(torch.float32, P, N)
     assert cfg.walks_rows(bs) == (bs > 32)
-    src, trk, mask = _plan(bs, [0, 5, bs - 2], seed=bs)
-    a = _inputs(bs, 2 * bs + 1, seed=bs)
-    ref_state, ref_out = ssm_state_update_ref(
-        a["state"], a["x"], a["dt"], a["A"], a["B"], a["C"], src, D=a["D"], z=a["z"],
-        dt_softplus=True, track_indices=trk, track_mask=mask,
-    )  # fmt: skip
-    state = a["state"].clone()
-    out = nan_empty(bs, H, P, dtype=torch.float32)
-    launch_ssm_update(
-        state, a["x"], a["dt"], a["A"], a["B"], a["C"], out, src, D=a["D"], z=a["z"],
-        dt_bias=None, dt_softplus=True, dst_indices=None, track_indices=trk, track_mask=mask,
-    )  # fmt: skip
-    pad = src < 0
-    assert bool((out[pad] == 0).all()), "pad rows get zero output"
-    assert_close(out, ref_out, "out")
-    written = sorted({*src[~pad].tolist(), *trk[mask].tolist()})
-    untouched = torch.tensor([s for s in range(state.shape[0]) if s not in written], device=DEVICE)
-    assert_slots_bitwise(state, a["state"], untouched, "state")
-    w = torch.tensor(written, device=DEVICE)
-    assert_close(state[w], ref_state[w], "written slots")
+    _check_launch(bs, [0, 5, bs - 2], plan_seed=bs, input_seed=bs, config=None)
 
 
 def test_the_default_rule_picks_the_kernel_by_dtype_and_rows() -> None:

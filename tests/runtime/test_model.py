@@ -5,11 +5,9 @@ from __future__ import annotations
 import collections
 import copy
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from hybridmeta.kernels import implementation
 from hybridmeta.model import ForwardMetadata, prepare_decode
@@ -17,6 +15,7 @@ from hybridmeta.runtime.loader import load_nemotron_h
 from hybridmeta.runtime.model import Mamba2Mixer, NemotronH
 from hybridmeta.runtime.state import StatePool
 from hybridmeta.runtime.tiny import tiny_config, write_tiny_checkpoint
+from tests.op_log import OpLog
 
 
 def _mixers(model: NemotronH) -> list[Mamba2Mixer]:
@@ -100,18 +99,6 @@ def test_the_constants_stay_fp32_when_the_model_is_cast(tiny_dir: Path) -> None:
     assert torch.equal(m.dt_bias_f32, m.dt_bias.float())
 
 
-class _Ops(TorchDispatchMode):  # type: ignore[no-untyped-call]
-    def __init__(self) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
-        self.counts: collections.Counter[str] = collections.Counter()
-
-    def __torch_dispatch__(
-        self, func: Any, types: Any, args: Any = (), kwargs: Any = None
-    ) -> Any:
-        self.counts[str(func)] += 1
-        return func(*args, **(kwargs or {}))
-
-
 # Ops that allocate, alias or describe without running a kernel.
 _NO_KERNEL = (
     "empty", "empty_like", "promote_types", "view", "reshape", "_unsafe_view", "split",
@@ -124,11 +111,9 @@ def _kernel_ops(pattern: str, tmp: Path) -> collections.Counter[str]:
     model = load_nemotron_h(write_tiny_checkpoint(tmp, config=tiny_config(pattern=pattern)))
     with implementation("triton"):
         _decode(model)  # first step: nothing derived or compiled is counted
-        with _Ops() as ops:
+        with OpLog() as log:
             _decode(model)
-    return collections.Counter(
-        {k: v for k, v in ops.counts.items() if k.split(".")[1] not in _NO_KERNEL}
-    )
+    return collections.Counter(op for op in log.ops if op.split(".")[1] not in _NO_KERNEL)
 
 
 @pytest.mark.interpreter
