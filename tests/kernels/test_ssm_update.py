@@ -121,6 +121,59 @@ def test_the_default_rule_picks_the_kernel_by_dtype_and_rows() -> None:
 
 
 @ANY_DEVICE
+@pytest.mark.parametrize("bs", [3, 40])
+def test_dt_limit_equals_clamping_dt_beforehand(bs: int) -> None:
+    """``dt_limit`` clamps the discretised dt inside the kernel (the tile kernel at 3 fp32
+    rows, the row walk at 40): the same as handing it ``clamp(softplus(dt + dt_bias))``
+    computed in torch, as the runtime did before; the clamp binds on both sides here."""
+    assert ssm_launch_config(torch.float32, P, N).walks_rows(bs) == (bs > 32)
+    a = _inputs(bs, bs + 2, seed=7)
+    src = torch.arange(bs, device=DEVICE)
+    src[1] = -1
+    dt = torch.linspace(-4.0, 3.0, bs * H, device=DEVICE).view(bs, H)
+    bias = torch.tensor([0.3, -0.2], device=DEVICE)
+    lim = (0.2, 1.5)
+    pre = torch.nn.functional.softplus(dt + bias).clamp(*lim)
+    assert bool((pre == lim[0]).any()) and bool((pre == lim[1]).any()), "the clamp binds"
+
+    def run(
+        dt_: torch.Tensor, limit: tuple[float, float] | None = None, softplus: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        state = a["state"].clone()
+        out = ssm_state_update(
+            state, a["x"], dt_, a["A"], a["B"], a["C"], state_indices=src, D=a["D"],
+            dt_bias=bias if softplus else None, dt_softplus=softplus, dt_limit=limit,
+        )  # fmt: skip
+        return out, state
+
+    got = run(dt, lim)
+    want = run(pre, softplus=False)
+    for g, w, what in zip(got, want, ("out", "state"), strict=True):
+        assert_close(g, w, what)
+    assert not torch.allclose(run(dt)[0], got[0], atol=1e-3)
+    ref_state, ref_out = ssm_state_update_ref(
+        a["state"], a["x"], dt, a["A"], a["B"], a["C"], src, D=a["D"], dt_bias=bias,
+        dt_softplus=True, dt_limit=lim,
+    )  # fmt: skip
+    assert_close(got[0], ref_out, "out vs reference")
+    assert_close(got[1], ref_state, "state vs reference")
+
+
+@pytest.mark.parametrize(
+    "lim", [(1.0, 0.5), (float("nan"), 1.0), (0.5,), "0.1", (True, 2.0)], ids=str
+)
+def test_bad_dt_limit_is_refused_and_writes_nothing(lim: object) -> None:
+    a = _inputs(2, 4, seed=0)
+    state = a["state"].clone()
+    with pytest.raises(ValueError, match=r"ssm_state_update: `dt_limit` must"):
+        ssm_state_update(
+            state, a["x"], a["dt"], a["A"], a["B"], a["C"],
+            state_indices=torch.tensor([0, 1], device=DEVICE), dt_limit=lim,  # type: ignore[arg-type]
+        )  # fmt: skip
+    assert torch.equal(bits(state), bits(a["state"]))
+
+
+@ANY_DEVICE
 def test_strided_index_tensor_is_refused() -> None:
     a = _inputs(3, 8, seed=0)
     idx = torch.tensor([1, 0, 2, 0, 5, 0], device=DEVICE)[::2]

@@ -143,6 +143,32 @@ def test_direct_and_dispatched_paths_agree(monkeypatch: pytest.MonkeyPatch) -> N
         assert torch.equal(bits(direct), bits(dispatched))
 
 
+@pytest.mark.interpreter
+def test_dt_limit_equals_clamping_dt_beforehand() -> None:
+    """``dt_limit`` clamps the discretised dt inside the kernel: the same as handing the
+    kernel ``clamp(softplus(dt + dt_bias))`` computed in torch (the runtime's old path),
+    and the clamp binds on both sides here (a planted no-op clamp differs)."""
+    a = _args()
+    a["dt"] = torch.linspace(-4.0, 3.0, BS * T * H).view(BS, T, H)
+    lim = (0.2, 1.5)
+    got = _call({**a, "dt_limit": lim, "inter": a["inter"].clone()})
+    pre = torch.nn.functional.softplus(a["dt"] + a["dt_bias"]).clamp(*lim)
+    assert bool((pre == lim[0]).any()) and bool((pre == lim[1]).any()), "the clamp binds"
+    plain = {**a, "dt": pre, "dt_bias": None, "dt_softplus": False, "inter": a["inter"].clone()}
+    torch.testing.assert_close(got, _call(plain), rtol=1e-5, atol=1e-5)
+    unclamped = _call({**a, "inter": a["inter"].clone()})
+    assert not torch.allclose(got, unclamped, rtol=1e-3, atol=1e-3)
+    ref = torch.empty_like(got)
+    from hybridmeta.kernels import ssm_verify_update_reference
+
+    ssm_verify_update_reference(
+        a["state"], a["x"], a["dt"], a["A"], a["B"], a["C"], ref, a["inter"].clone(),
+        a["state_indices"], D=a["D"], z=a["z"], dt_bias=a["dt_bias"], dt_softplus=True,
+        dt_limit=lim,
+    )  # fmt: skip
+    torch.testing.assert_close(got, ref, rtol=3e-4, atol=1e-3)
+
+
 def test_bs_zero_is_a_no_op() -> None:
     a = _args()
     for k in ("x", "dt", "B", "C", "z", "state_indices", "inter"):
@@ -213,6 +239,9 @@ BAD: list[tuple[str, str, Any, type[Exception], str]] = [
         r"`out` must have shape \[bs, T, nheads, headdim\]",
     ),
     ("state int", "state", torch.zeros(SLOTS, H, P, N, dtype=torch.int32), TypeError, r"`state`"),
+    ("dt_limit order", "dt_limit", (1.0, 0.5), ValueError, r"`dt_limit` must have lo <= hi"),
+    ("dt_limit nan", "dt_limit", (float("nan"), 1.0), ValueError, r"`dt_limit` must have lo"),
+    ("dt_limit one", "dt_limit", (0.5,), ValueError, r"`dt_limit` must be None or a pair"),
     ("inter list", "inter", [0.0], TypeError, r"`inter` must be a torch.Tensor"),
 ]
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hybridmeta import ForwardMetadata
-from hybridmeta.kernels import implementation
+from hybridmeta.kernels import Impl, implementation
 from hybridmeta.runtime.engine import Finished, Runtime, RuntimeOptions, cold_logits
 from hybridmeta.runtime.job import kl_per_position
 from hybridmeta.runtime.model import NemotronH
@@ -82,6 +82,22 @@ def test_triton_decode_kernels_in_graphs_equal_cold(tiny_model: NemotronH) -> No
     assert hit.cached_tokens == 32
     for f in (first, hit):
         assert float(_cold_kl(tiny_model, f).max()) <= KL_FP32
+
+
+@pytest.mark.parametrize(
+    "kernels", ["reference", pytest.param("triton", marks=pytest.mark.interpreter)]
+)
+def test_decode_applies_the_models_dt_floor_as_prefill_does(
+    floored_dt_model: NemotronH, kernels: Impl
+) -> None:
+    """Decode discretises dt inside the SSM kernel (bias, softplus, ``time_step_min``
+    clamp), prefill in torch before the scan: with the floor binding for every head,
+    decoded tokens still equal a cold prefill recompute. A decode that lost the clamp (or
+    the bias, or the softplus) fails this."""
+    with implementation(kernels):
+        rt = Runtime(floored_dt_model, _opts(num_working=2))
+        (f,) = _run(rt, [(_tokens(12, seed=3), 5)])
+    assert float(_cold_kl(floored_dt_model, f).max()) <= KL_FP32
 
 
 GRAPH_ATOL = 5e-5

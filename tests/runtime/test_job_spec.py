@@ -34,6 +34,14 @@ def test_spec_rows_pass_on_the_fp32_cpu_run(tiny_model: NemotronH) -> None:
     assert rows["decode tokens/s spec vs plain"].passed is None
 
 
+def test_spec_rows_pass_with_the_dt_floor_binding(floored_dt_model: NemotronH) -> None:
+    """The verify kernel applies the model's dt floor as plain decode does: a verify that
+    lost it would drift from plain decoding on this model, where the floor binds."""
+    rows = _rows(floored_dt_model)
+    assert rows["spec decode vs plain decode: greedy tokens"].passed is True
+    assert rows["spec decode vs plain decode: KL"].passed is True
+
+
 def test_spec_rows_fail_when_the_commit_keeps_rejected_drafts(
     tiny_model: NemotronH, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -54,16 +54,25 @@ class SSMParams:
 
 
 def discretize(
-    dt: torch.Tensor, dt_bias: torch.Tensor | None, softplus: bool
+    dt: torch.Tensor,
+    dt_bias: torch.Tensor | None,
+    softplus: bool,
+    limit: tuple[float, float] | None = None,
 ) -> torch.Tensor:
-    """``softplus(dt + dt_bias)`` in fp32 (bias and softplus optional); ``dt`` is ``[..., H]``.
+    """``clamp(softplus(dt + dt_bias), *limit)`` in fp32 (bias, softplus and limit optional);
+    ``dt`` is ``[..., H]``.
 
-    ``F.softplus`` returns its input above 20, as the kernels do.
+    ``F.softplus`` returns its input above 20, as the kernels do; the clamp keeps NaN, as
+    the kernels' does.
     """
     d = dt.float()
     if dt_bias is not None:
         d = d + dt_bias.float()
-    return F.softplus(d) if softplus else d
+    if softplus:
+        d = F.softplus(d)
+    if limit is not None:
+        d = d.clamp(min=limit[0], max=limit[1])
+    return d
 
 
 def process_dt(dt: torch.Tensor, params: SSMParams) -> torch.Tensor:

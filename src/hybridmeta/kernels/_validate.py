@@ -17,6 +17,8 @@ FLOAT_DTYPES: frozenset[torch.dtype] = frozenset({torch.float32, torch.bfloat16,
 STATE_DTYPES: frozenset[torch.dtype] = FLOAT_DTYPES
 INDEX_DTYPES: frozenset[torch.dtype] = frozenset({torch.int32, torch.int64})
 MASK_DTYPES: frozenset[torch.dtype] = frozenset({torch.bool})
+#: ``dt_limit`` of an op call that gives none: every value passes through.
+NO_DT_LIMIT: tuple[float, float] = (float("-inf"), float("inf"))
 
 
 def _names(dtypes: Collection[torch.dtype]) -> str:
@@ -83,6 +85,24 @@ def check_optional(
     if t is None:
         return None
     return check_tensor(op, name, t, shape=shape, dtypes=dtypes, device=device, dims=dims)
+
+
+def check_dt_limit(op: str, dt_limit: object) -> tuple[float, float]:
+    """``dt_limit``: ``None`` (no clamp) or ``(lo, hi)``, two real numbers, ``lo <= hi``."""
+    if dt_limit is None:
+        return NO_DT_LIMIT
+    if (
+        not isinstance(dt_limit, tuple | list)
+        or len(dt_limit) != 2
+        or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in dt_limit)
+    ):
+        raise ValueError(
+            f"{op}: `dt_limit` must be None or a pair (lo, hi) of real numbers, got {dt_limit!r}"
+        )
+    lo, hi = float(dt_limit[0]), float(dt_limit[1])
+    if not lo <= hi:  # also refuses NaN
+        raise ValueError(f"{op}: `dt_limit` must have lo <= hi (and no NaN), got ({lo}, {hi})")
+    return lo, hi
 
 
 def check_slot_contiguous(op: str, name: str, t: torch.Tensor, lead: int) -> None:

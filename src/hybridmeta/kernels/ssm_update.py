@@ -44,7 +44,9 @@ from hybridmeta.kernels._validate import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
     MASK_DTYPES,
+    NO_DT_LIMIT,
     check_disjoint_writes,
+    check_dt_limit,
     check_index_range,
     check_optional,
     check_pool,
@@ -81,6 +83,8 @@ def _ssm_update_kernel(
     dst_ptr: tl.tensor,
     track_idx_ptr: tl.tensor,
     track_mask_ptr: tl.tensor,
+    dt_min: tl.tensor,
+    dt_max: tl.tensor,
     bs: tl.tensor,
     rows_per_prog: tl.tensor,
     headdim: tl.tensor,
@@ -182,6 +186,9 @@ def _ssm_update_kernel(
                 # softplus(x) equals x in fp32 above 20; the threshold also keeps exp from
                 # overflowing.
                 b_dt = tl.where(b_dt <= 20.0, tl.log(1.0 + tl.exp(b_dt)), b_dt)
+            # dt limits ((-inf, inf) when the call gives none); NaN stays NaN, as in torch.
+            b_dt = tl.maximum(b_dt, dt_min, propagate_nan=tl.PropagateNan.ALL)
+            b_dt = tl.minimum(b_dt, dt_max, propagate_nan=tl.PropagateNan.ALL)
             b_dA = tl.exp(b_A * b_dt)
             b_B = tl.load(
                 B_ptr + b * stride_B_b + i_g * stride_B_g + o_n * stride_B_n, mask=m_n, other=0.0
@@ -347,6 +354,8 @@ def _ssm_update_tile_kernel(
     dst_ptr: tl.tensor,
     track_idx_ptr: tl.tensor,
     track_mask_ptr: tl.tensor,
+    dt_min: tl.tensor,
+    dt_max: tl.tensor,
     headdim: tl.tensor,
     dstate: tl.tensor,
     heads_per_group: tl.tensor,
@@ -415,6 +424,9 @@ def _ssm_update_tile_kernel(
     if DT_SOFTPLUS:
         # softplus(x) equals x in fp32 above 20; the threshold also keeps exp from overflowing.
         b_dt = tl.where(b_dt <= 20.0, tl.log(1.0 + tl.exp(b_dt)), b_dt)
+    # dt limits ((-inf, inf) when the call gives none); NaN stays NaN, as in torch.
+    b_dt = tl.maximum(b_dt, dt_min, propagate_nan=tl.PropagateNan.ALL)
+    b_dt = tl.minimum(b_dt, dt_max, propagate_nan=tl.PropagateNan.ALL)
     b_dA = tl.exp(tl.load(A_ptr + i_h).to(tl.float32) * b_dt)
     b_B = tl.load(
         B_ptr + i_b * stride_B_b + i_g * stride_B_g + o_n * stride_B_n, mask=m_n, other=0.0
@@ -472,6 +484,7 @@ def launch_ssm_update(
     dst_indices: torch.Tensor | None,
     track_indices: torch.Tensor | None,
     track_mask: torch.Tensor | None,
+    dt_limit: tuple[float, float] = NO_DT_LIMIT,
     config: SsmLaunchConfig | None = None,
 ) -> None:
     """Launch the SSM update on already validated tensors (no allocation, no checks).
@@ -491,6 +504,8 @@ def launch_ssm_update(
     src_indices, dst_indices, track_indices, track_mask : torch.Tensor
         ``[bs]``, contiguous; ``-1`` marks a pad row (source) or "write nothing"
         (destination, track).
+    dt_limit : tuple of float
+        ``(lo, hi)`` clamp of the discretised ``dt`` (checked: ``lo <= hi``).
     config : SsmLaunchConfig, optional
         Tile shape, warps and row splits; the default is picked from the state dtype and
         shapes (row splits from the device's capacity).
@@ -504,7 +519,7 @@ def launch_ssm_update(
     if not cfg.walks_rows(bs):
         _launch_tiles(
             state, x, dt, A, B, C, out, src_indices, D, z, dt_bias, dt_softplus, dst_indices,
-            track_indices, track_mask, cfg,
+            track_indices, track_mask, dt_limit, cfg,
         )  # fmt: skip
         return
     block_p = cfg.block_p
@@ -554,12 +569,12 @@ def launch_ssm_update(
 
     def fast_args() -> tuple[object, ...]:
         # Positional order of the kernel; constexpr positions are ignored by the launcher.
-        return (*ptrs, bs, rows_per_prog, *ints, *flags)
+        return (*ptrs, *dt_limit, bs, rows_per_prog, *ints, *flags)
 
     def slow(g: tuple[int, int, int]) -> object:
         return _ssm_update_kernel[g](
             state, x, dt, dt_bias, A, B, C, D, z, out, src_indices, dst_indices,
-            track_indices, track_mask, bs, rows_per_prog, *ints,
+            track_indices, track_mask, *dt_limit, bs, rows_per_prog, *ints,
             DT_SOFTPLUS=dt_softplus, HAS_DT_BIAS=dt_bias is not None, HAS_D=D is not None,
             HAS_Z=z is not None, HAS_DST=dst_indices is not None,
             HAS_TRACK=track_indices is not None, N_PTILES=n_ptiles, BLOCK_P=block_p,
@@ -591,6 +606,7 @@ def _launch_tiles(
     dst_indices: torch.Tensor | None,
     track_indices: torch.Tensor | None,
     track_mask: torch.Tensor | None,
+    dt_limit: tuple[float, float],
     cfg: SsmLaunchConfig,
 ) -> None:
     """One ``[block_p, dstate]`` tile of one head of one row a program."""
@@ -624,12 +640,12 @@ def _launch_tiles(
     grid = (cdiv(headdim, cfg.block_p), bs, nheads)
 
     def fast_args() -> tuple[object, ...]:
-        return (*ptrs, *ints, *flags)
+        return (*ptrs, *dt_limit, *ints, *flags)
 
     def slow(g: tuple[int, int, int]) -> object:
         return _ssm_update_tile_kernel[g](
             state, x, dt, dt_bias, A, B, C, D, z, out, src_indices, dst_indices,
-            track_indices, track_mask, *ints,
+            track_indices, track_mask, *dt_limit, *ints,
             DT_SOFTPLUS=dt_softplus, HAS_DT_BIAS=dt_bias is not None, HAS_D=D is not None,
             HAS_Z=z is not None, HAS_DST=dst_indices is not None,
             HAS_TRACK=track_indices is not None, BLOCK_P=cfg.block_p, BLOCK_N=flags[7],
@@ -658,12 +674,14 @@ def _ssm_state_update_impl(
     dst_indices: torch.Tensor | None,
     track_indices: torch.Tensor | None,
     track_mask: torch.Tensor | None,
+    dt_min: float,
+    dt_max: float,
 ) -> None:
     # The launcher makes the tensors' device current itself (only when it is not).
     launch_ssm_update(
         state, x, dt, A, B, C, out, src_indices,
         D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus, dst_indices=dst_indices,
-        track_indices=track_indices, track_mask=track_mask,
+        track_indices=track_indices, track_mask=track_mask, dt_limit=(dt_min, dt_max),
     )  # fmt: skip
 
 
@@ -694,6 +712,7 @@ def ssm_state_update_reference(
     dst_indices: torch.Tensor | None = None,
     track_indices: torch.Tensor | None = None,
     track_mask: torch.Tensor | None = None,
+    dt_limit: tuple[float, float] | None = None,
 ) -> None:
     """The pure-torch SSM update: the kernel's contract, in place, on validated tensors.
 
@@ -704,7 +723,7 @@ def ssm_state_update_reference(
     live = src_indices >= 0  # [bs]
     safe = torch.where(live, src_indices, 0)
     s = torch.where(live[:, None, None, None], state.index_select(0, safe).float(), 0.0)
-    new, y = ssm_step(s, x, discretize(dt, dt_bias, dt_softplus), A, B, C, D, z)
+    new, y = ssm_step(s, x, discretize(dt, dt_bias, dt_softplus, dt_limit), A, B, C, D, z)
     out.copy_(torch.where(live[:, None, None], y, 0.0).to(out.dtype))
     dst = dst_indices if dst_indices is not None else src_indices
     scatter_rows_(state, 0, dst, new, live & (dst >= 0))
@@ -728,6 +747,7 @@ def ssm_state_update(
     z: torch.Tensor | None = None,
     dt_bias: torch.Tensor | None = None,
     dt_softplus: bool = False,
+    dt_limit: tuple[float, float] | None = None,
     dst_indices: torch.Tensor | None = None,
     track_indices: torch.Tensor | None = None,
     track_mask: torch.Tensor | None = None,
@@ -740,6 +760,7 @@ def ssm_state_update(
     ``g = h // (nheads // ngroups)``)::
 
         dt'  = softplus(dt[b, h] + dt_bias[h])          # bias / softplus optional
+        dt'  = clamp(dt', *dt_limit)                     # optional
         s    = state[src] * exp(A[h] * dt') + dt' * x[b, h, :, None] * B[b, g, None, :]
         out  = (s @ C[b, g]) + D[h] * x[b, h]            # then * silu(z[b, h]) if z given
         state[dst] = s;  state[track[b]] = s if track_mask[b]
@@ -766,6 +787,10 @@ def ssm_state_update(
         ``[bs, nheads, headdim]`` gate.
     dt_softplus : bool
         Apply softplus to ``dt + dt_bias``.
+    dt_limit : tuple of float, optional
+        ``(lo, hi)``: clamp the discretised ``dt`` to ``[lo, hi]`` (Mamba2's
+        ``time_step_limit``; a model's ``time_step_min`` floor is ``(min, inf)``), inside
+        the kernel, so the caller needs no softplus / clamp kernels of its own.
     dst_indices : torch.Tensor, optional
         ``[bs]`` slot to write the new state to (default: the source slot); ``-1`` writes
         no state for that row.
@@ -790,6 +815,7 @@ def ssm_state_update(
         on an index outside ``[-1, slots)`` or two rows writing one slot. Nothing is written.
     """
     op = "ssm_state_update"
+    lim = NO_DT_LIMIT if dt_limit is None else check_dt_limit(op, dt_limit)
     # One cheap expression first; the detailed checks only run (and name the broken rule)
     # when it fails, so a valid call pays a few microseconds of host time.
     if not ssm_args_ok(state, x, dt, A, B, C, state_indices, D, z, dt_bias, dst_indices,
@@ -807,13 +833,13 @@ def ssm_state_update(
         ssm_state_update_reference(
             state, x, dt, A, B, C, out, state_indices, D=D, z=z, dt_bias=dt_bias,
             dt_softplus=dt_softplus, dst_indices=dst_indices, track_indices=track_indices,
-            track_mask=track_mask,
+            track_mask=track_mask, dt_limit=None if dt_limit is None else lim,
         )  # fmt: skip
         return out
     run = torch.ops.hybridmeta.ssm_state_update if observed(state) else _ssm_state_update_impl
     run(
         state, x, dt, A, B, C, out, state_indices, D, z, dt_bias, dt_softplus,
-        dst_indices, track_indices, track_mask,
+        dst_indices, track_indices, track_mask, *lim,
     )  # fmt: skip
     return out
 
@@ -913,6 +939,7 @@ def ssm_state_update_from_metadata(
     z: torch.Tensor | None = None,
     dt_bias: torch.Tensor | None = None,
     dt_softplus: bool = False,
+    dt_limit: tuple[float, float] | None = None,
     fuse_track: bool = False,
     out: torch.Tensor | None = None,
     impl: Impl | None = None,
@@ -932,7 +959,7 @@ def ssm_state_update_from_metadata(
         track, mask = md.mamba_track_indices[rows], md.mamba_track_mask[rows]
     return ssm_state_update(
         state, x, dt, A, B, C, state_indices=md.mamba_cache_indices[rows], D=D, z=z,
-        dt_bias=dt_bias, dt_softplus=dt_softplus, track_indices=track, track_mask=mask,
-        out=out, impl=impl,
+        dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit, track_indices=track,
+        track_mask=mask, out=out, impl=impl,
     )  # fmt: skip
 

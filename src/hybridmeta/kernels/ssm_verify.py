@@ -32,6 +32,8 @@ from hybridmeta.kernels._math import discretize, ssm_step
 from hybridmeta.kernels._validate import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
+    NO_DT_LIMIT,
+    check_dt_limit,
     check_index_range,
     check_optional,
     check_pool,
@@ -83,6 +85,8 @@ def _ssm_verify_kernel(
     src_ptr: tl.tensor,
     parent_ptr: tl.tensor,
     ndraft_ptr: tl.tensor,
+    dt_min: tl.tensor,
+    dt_max: tl.tensor,
     T: tl.tensor,
     headdim: tl.tensor,
     dstate: tl.tensor,
@@ -195,6 +199,9 @@ def _ssm_verify_kernel(
         if DT_SOFTPLUS:
             # softplus(x) equals x in fp32 above 20; the threshold also keeps exp from overflowing.
             b_dt = tl.where(b_dt <= 20.0, tl.log(1.0 + tl.exp(b_dt)), b_dt)
+        # dt limits ((-inf, inf) when the call gives none); NaN stays NaN, as in torch.
+        b_dt = tl.maximum(b_dt, dt_min, propagate_nan=tl.PropagateNan.ALL)
+        b_dt = tl.minimum(b_dt, dt_max, propagate_nan=tl.PropagateNan.ALL)
         b_dA = tl.exp(b_A * b_dt)
         b_B = tl.load(
             B_ptr + i_b * stride_B_b + t * stride_B_t + i_g * stride_B_g + o_n * stride_B_n,
@@ -254,6 +261,7 @@ def launch_ssm_verify(
     dt_softplus: bool,
     parent: torch.Tensor | None,
     num_draft: torch.Tensor | None,
+    dt_limit: tuple[float, float] = NO_DT_LIMIT,
     config: SsmLaunchConfig | None = None,
 ) -> None:
     """Launch the verify update on already validated tensors (no allocation, no checks).
@@ -276,6 +284,8 @@ def launch_ssm_verify(
         ``[bs]`` working slot of each row, ``-1`` for a pad row.
     parent, num_draft : torch.Tensor or None
         ``[bs, T]`` parent token (``-1`` root) and ``[bs]`` live draft columns.
+    dt_limit : tuple of float
+        ``(lo, hi)`` clamp of the discretised ``dt`` (checked: ``lo <= hi``).
     config : SsmLaunchConfig, optional
         Tile shape and warps; default :func:`ssm_verify_launch_config`.
     """
@@ -303,6 +313,8 @@ def launch_ssm_verify(
         src_ptr=state_indices,
         parent_ptr=parent,
         ndraft_ptr=num_draft,
+        dt_min=dt_limit[0],
+        dt_max=dt_limit[1],
         T=T,
         headdim=headdim,
         dstate=dstate,
@@ -369,11 +381,14 @@ def _ssm_verify_impl(
     dt_softplus: bool,
     parent: torch.Tensor | None,
     num_draft: torch.Tensor | None,
+    dt_min: float,
+    dt_max: float,
 ) -> None:
     with on_device(state.device):
         launch_ssm_verify(
             state, x, dt, A, B, C, out, inter, state_indices, D=D, z=z, dt_bias=dt_bias,
             dt_softplus=dt_softplus, parent=parent, num_draft=num_draft,
+            dt_limit=(dt_min, dt_max),
         )  # fmt: skip
 
 
@@ -401,6 +416,7 @@ def ssm_verify_update(
     z: torch.Tensor | None = None,
     dt_bias: torch.Tensor | None = None,
     dt_softplus: bool = False,
+    dt_limit: tuple[float, float] | None = None,
     parent: torch.Tensor | None = None,
     num_draft: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
@@ -414,6 +430,7 @@ def ssm_verify_update(
         s0   = state[state_indices[b]]                    # the working slot, never written
         prev = s0 if root(t) else inter[b, parent(t)]     # parent(t) = parent[b, t] or t - 1
         dt'  = softplus(dt[b, t, h] + dt_bias[h])         # bias / softplus optional
+        dt'  = clamp(dt', *dt_limit)                      # optional
         s    = prev * exp(A[h] * dt') + dt' * x[b, t, h, :, None] * B[b, t, g, None, :]
         out[b, t] = (s @ C[b, t, g]) + D[h] * x[b, t, h]  # then * silu(z[b, t, h]) if z given
         inter[b, t] = s                                   # rounded to the state dtype
@@ -447,6 +464,9 @@ def ssm_verify_update(
         ``[bs, T, nheads, headdim]`` gate.
     dt_softplus : bool
         Apply softplus to ``dt + dt_bias``.
+    dt_limit : tuple of float, optional
+        ``(lo, hi)``: clamp the discretised ``dt`` to ``[lo, hi]`` (as
+        :func:`~hybridmeta.kernels.ssm_state_update`).
     parent : torch.Tensor, optional
         ``[bs, T]`` int32/int64 parent of each draft token: ``-1`` (a root, starts from the
         working slot) or an earlier column ``0 <= parent[b, t] < t`` (tokens topologically
@@ -471,6 +491,7 @@ def ssm_verify_update(
         column, or ``num_draft`` outside ``[0, T]``. Nothing is written.
     """
     op = "ssm_verify_update"
+    lim = NO_DT_LIMIT if dt_limit is None else check_dt_limit(op, dt_limit)
     state = check_pool(op, "state", state, dims="[slots, nheads, headdim, dstate]")
     dev = state.device
     slots, nheads, headdim, dstate = state.shape
@@ -516,12 +537,13 @@ def ssm_verify_update(
         ssm_verify_update_reference(
             state, x, dt, A, B, C, out, inter, state_indices, D=D, z=z, dt_bias=dt_bias,
             dt_softplus=dt_softplus, parent=parent, num_draft=num_draft,
+            dt_limit=None if dt_limit is None else lim,
         )  # fmt: skip
         return out
     run = torch.ops.hybridmeta.ssm_verify_update if observed(state) else _ssm_verify_impl
     run(
         state, x, dt, A, B, C, out, inter, state_indices, D, z, dt_bias, dt_softplus, parent,
-        num_draft,
+        num_draft, *lim,
     )  # fmt: skip
     return out
 
@@ -540,6 +562,7 @@ def ssm_verify_update_from_metadata(
     z: torch.Tensor | None = None,
     dt_bias: torch.Tensor | None = None,
     dt_softplus: bool = False,
+    dt_limit: tuple[float, float] | None = None,
     out: torch.Tensor | None = None,
     impl: Impl | None = None,
 ) -> torch.Tensor:
@@ -562,8 +585,8 @@ def ssm_verify_update_from_metadata(
     verify_rows("ssm_verify_update_from_metadata", md, x)
     return ssm_verify_update(
         state, x, dt, A, B, C, state_indices=md.mamba_cache_indices, inter=inter, D=D, z=z,
-        dt_bias=dt_bias, dt_softplus=dt_softplus, parent=md.retrieve_parent_token, out=out,
-        impl=impl,
+        dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit,
+        parent=md.retrieve_parent_token, out=out, impl=impl,
     )  # fmt: skip
 
 
@@ -622,6 +645,7 @@ def ssm_verify_update_reference(
     dt_softplus: bool = False,
     parent: torch.Tensor | None = None,
     num_draft: torch.Tensor | None = None,
+    dt_limit: tuple[float, float] | None = None,
 ) -> None:
     """The pure-torch verify update: the kernel's contract, in place, on validated tensors.
 
@@ -636,7 +660,7 @@ def ssm_verify_update_reference(
     safe = torch.where(live, state_indices, 0)
     s0 = torch.where(live[:, None, None, None], state.index_select(0, safe).float(), 0.0)
     rows = torch.arange(bs, device=x.device)
-    dt_p = discretize(dt, dt_bias, dt_softplus)  # [bs, T, H]
+    dt_p = discretize(dt, dt_bias, dt_softplus, dt_limit)  # [bs, T, H]
     after: list[torch.Tensor] = []  # fp32 copies of the stored (rounded) state per token
     for t in range(T):
         prev = s0 if t == 0 else after[t - 1]
