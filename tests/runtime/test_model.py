@@ -107,32 +107,53 @@ _NO_KERNEL = (
 )  # fmt: skip
 
 
-def _kernel_ops(pattern: str, tmp: Path) -> collections.Counter[str]:
+def _kernel_ops(pattern: str, tmp: Path, bs: int = 2) -> collections.Counter[str]:
     model = load_nemotron_h(write_tiny_checkpoint(tmp, config=tiny_config(pattern=pattern)))
     with implementation("triton"):
-        _decode(model)  # first step: nothing derived or compiled is counted
+        _decode(model, bs)  # first step: nothing derived or compiled is counted
         with OpLog() as log:
-            _decode(model)
+            _decode(model, bs)
     return collections.Counter(op for op in log.ops if op.split(".")[1] not in _NO_KERNEL)
 
 
 @pytest.mark.interpreter
-def test_a_mamba_layer_decodes_in_nine_kernels(tmp_path: Path) -> None:
+@pytest.mark.parametrize("bs", [1, 2])
+def test_a_mamba_layer_decodes_in_six_kernels(tmp_path: Path, bs: int) -> None:
     # One more Mamba layer (and its MLP-free block) adds exactly these ops to a decode step:
-    # the fused add + RMSNorm, in_proj, the dt add/softplus/clamp, conv update, SSM update,
-    # gated RMSNorm (reading z in place) and out_proj. A constant recomputed per step
-    # (-exp(A_log), a cast of dt_bias or dt) or a copy of z would show up here.
-    one = _kernel_ops("M-", tmp_path / "one")
-    two = _kernel_ops("MM-", tmp_path / "two")
+    # the fused add + RMSNorm, in_proj, conv update, SSM update (which adds the dt bias and
+    # applies the softplus and the dt clamp itself), gated RMSNorm (reading z in place) and
+    # out_proj. A constant recomputed per step (-exp(A_log), a cast of dt_bias or dt), a dt
+    # discretised in torch, or a copy of z would show up here. One row: both projections
+    # are the GEMV kernel; more rows: cuBLAS.
+    one = _kernel_ops("M-", tmp_path / "one", bs)
+    two = _kernel_ops("MM-", tmp_path / "two", bs)
     per_layer = two - one
+    proj = "hybridmeta.gemv.default" if bs == 1 else "aten.mm.default"
     assert per_layer == collections.Counter({
         "hybridmeta.add_rms_norm.default": 1,
-        "aten.mm.default": 2,
-        "aten.add.Tensor": 1,
-        "aten.softplus.default": 1,
-        "aten.clamp_.default": 1,
+        proj: 2,
         "hybridmeta.causal_conv1d_update.default": 1,
         "hybridmeta.ssm_state_update.default": 1,
         "hybridmeta.gated_rms_norm.default": 1,
     }), per_layer  # fmt: skip
+    assert one - two == collections.Counter()
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("bs", [1, 2])
+def test_an_mlp_layer_decodes_in_three_or_four_kernels(tmp_path: Path, bs: int) -> None:
+    # One more MLP block adds the fused add + RMSNorm, the two projections and the relu2
+    # between them: inside the down projection's GEMV at one row, one relu_square kernel
+    # at more rows. A relu and a square as two torch kernels, or a copy of the
+    # activation, would show up here.
+    one = _kernel_ops("M-", tmp_path / "one", bs)
+    two = _kernel_ops("M--", tmp_path / "two", bs)
+    want = (
+        {"hybridmeta.gemv.default": 2}
+        if bs == 1
+        else {"aten.mm.default": 2, "hybridmeta.relu_square.default": 1}
+    )
+    assert two - one == collections.Counter({"hybridmeta.add_rms_norm.default": 1, **want}), (
+        two - one
+    )
     assert one - two == collections.Counter()

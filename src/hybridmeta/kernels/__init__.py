@@ -13,7 +13,8 @@ Decode: :mod:`~hybridmeta.kernels.ssm_update`, :mod:`~hybridmeta.kernels.conv_up
 :mod:`~hybridmeta.kernels.ssd_scan`, :mod:`~hybridmeta.kernels.extend_track`. Speculative
 verify: :mod:`~hybridmeta.kernels.ssm_verify`, :mod:`~hybridmeta.kernels.conv_verify`,
 :mod:`~hybridmeta.kernels.spec_commit` (``docs/spec_decode.md``). The layer's norms:
-:mod:`~hybridmeta.kernels.rms_norm`. The shared math is :mod:`~hybridmeta.kernels._math`.
+:mod:`~hybridmeta.kernels.rms_norm`; the MLP's activation:
+:mod:`~hybridmeta.kernels.activations`; one-row projections: :mod:`~hybridmeta.kernels.linear`. The shared math is :mod:`~hybridmeta.kernels._math`.
 
 On a machine without CUDA the Triton kernels run under the Triton interpreter: importing
 ``hybridmeta`` sets ``TRITON_INTERPRET=1`` (unless already set) before any kernel is
@@ -24,6 +25,13 @@ from __future__ import annotations
 
 from hybridmeta.kernels._dispatch import Impl, implementation
 from hybridmeta.kernels._math import SSMParams, split_xbc
+from hybridmeta.kernels.activations import relu_square, relu_square_reference
+from hybridmeta.kernels.attention_decode import (
+    decode_attention,
+    decode_attention_reference,
+    kv_cache_write,
+    kv_cache_write_reference,
+)
 from hybridmeta.kernels.conv_prefill import ConvPrefillOutput, causal_conv1d_prefill
 from hybridmeta.kernels.conv_update import (
     causal_conv1d_update,
@@ -36,6 +44,7 @@ from hybridmeta.kernels.conv_verify import (
     conv_verify_update_reference,
 )
 from hybridmeta.kernels.extend_track import extend_track_save
+from hybridmeta.kernels.linear import linear, linear_reference
 from hybridmeta.kernels.rms_norm import (
     add_rms_norm,
     add_rms_norm_reference,
@@ -85,10 +94,18 @@ __all__ = [
     "conv_verify_update",
     "conv_verify_update_from_metadata",
     "conv_verify_update_reference",
+    "decode_attention",
+    "decode_attention_reference",
     "extend_track_save",
     "gated_rms_norm",
     "gated_rms_norm_reference",
     "implementation",
+    "kv_cache_write",
+    "kv_cache_write_reference",
+    "linear",
+    "linear_reference",
+    "relu_square",
+    "relu_square_reference",
     "rms_norm",
     "rms_norm_reference",
     "spec_commit",

@@ -21,6 +21,8 @@ one on a track boundary into the track slot.
 
 from __future__ import annotations
 
+import math
+
 import attrs
 import torch
 import torch.nn.functional as F
@@ -32,7 +34,9 @@ from hybridmeta.runtime.config import NemotronHConfig
 from hybridmeta.runtime.plan import AttentionPlan
 from hybridmeta.runtime.state import StatePool
 
-__all__ = ["Attention", "Block", "Forward", "Mamba2Mixer", "NemotronH", "RMSNorm", "Relu2MLP"]
+__all__ = [
+    "Attention", "Block", "Forward", "Linear", "Mamba2Mixer", "NemotronH", "RMSNorm", "Relu2MLP",
+]
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -73,6 +77,14 @@ def _unpad_rows(padded: torch.Tensor, plan: AttentionPlan) -> torch.Tensor:
     return padded.reshape(plan.num_rows * plan.padded_len, *padded.shape[2:])[plan.scatter]
 
 
+class Linear(nn.Linear):
+    """``nn.Linear`` through :func:`hybridmeta.kernels.linear`: on the GPU a one-row input
+    (the decode step of one row) runs the GEMV kernel, anything else ``F.linear``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return kernels.linear(x, self.weight, self.bias)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
@@ -104,13 +116,18 @@ class Relu2MLP(nn.Module):
 
     def __init__(self, config: NemotronHConfig) -> None:
         super().__init__()
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
-        self.down_proj = nn.Linear(
+        self.up_proj = Linear(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
+        self.down_proj = Linear(
             config.intermediate_size, config.hidden_size, bias=config.mlp_bias
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.down_proj(torch.square(F.relu(self.up_proj(x))))
+        # relu and square inside the down projection: at one row the GEMV applies them as
+        # it loads its input, at more rows one relu_square kernel runs before cuBLAS
+        down = self.down_proj
+        out: torch.Tensor = kernels.linear(
+            self.up_proj(x), down.weight, down.bias, input_activation="relu2"
+        )
         return out
 
 
@@ -131,7 +148,7 @@ class Mamba2Mixer(nn.Module):
         self.state_size = config.ssm_state_size
         self.n_groups = config.n_groups
         self.conv_dim = config.conv_dim
-        self.in_proj = nn.Linear(
+        self.in_proj = Linear(
             config.hidden_size,
             inner + config.conv_dim + config.mamba_num_heads,
             bias=config.use_bias,
@@ -159,7 +176,7 @@ class Mamba2Mixer(nn.Module):
             lambda module, _: module.derive_constants()
         )
         self.norm = GatedRMSNorm(inner, inner // config.n_groups, config.layer_norm_epsilon)
-        self.out_proj = nn.Linear(inner, config.hidden_size, bias=config.use_bias)
+        self.out_proj = Linear(inner, config.hidden_size, bias=config.use_bias)
 
     def _split(self, proj: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         inner = self.config.mamba_intermediate
@@ -197,11 +214,16 @@ class Mamba2Mixer(nn.Module):
             self.derive_constants()
         return self.A, self.dt_bias_f32
 
+    @property
+    def dt_limit(self) -> tuple[float, float]:
+        """The model's dt limits: ``time_step_min`` below, none above."""
+        return (self.config.time_step_min, math.inf)
+
     def _dt(self, dt: torch.Tensor, dt_bias: torch.Tensor) -> torch.Tensor:
-        # the clamp is the model's dt lower limit; applied in prefill and decode alike so a
-        # cache hit and a cold recompute see the same discretisation. ``dt`` (activation
-        # dtype) + the fp32 bias promotes to fp32 in the add itself.
-        return F.softplus(torch.add(dt, dt_bias)).clamp_(min=self.config.time_step_min)
+        # The prefill scan's discretisation: the decode and verify kernels apply the same
+        # bias, softplus and clamp (``dt_limit``) inside. ``dt`` (activation dtype) + the
+        # fp32 bias promotes to fp32 in the add itself.
+        return F.softplus(torch.add(dt, dt_bias)).clamp_(*self.dt_limit)
 
     def forward(self, h: torch.Tensor, fwd: Forward) -> torch.Tensor:
         """``h``: ``[T, hidden]`` (prefill tokens first, then one token per decode row).
@@ -215,11 +237,11 @@ class Mamba2Mixer(nn.Module):
         ssm_state = fwd.pool.ssm[self.index]  # [S, H, D, N]
         weight = self.conv1d.weight.squeeze(1)  # [C, K]
         A, dt_bias = self._constants()
-        dt_p = self._dt(dt, dt_bias)  # [T, H] fp32, discretised here and handed over as is
         H, D, G, N = self.num_heads, self.head_dim, self.n_groups, self.state_size
         tp = md.num_prefill_tokens
         parts: list[torch.Tensor] = []
         if md.num_prefills:
+            dt_p = self._dt(dt[:tp], dt_bias)  # [tp, H] fp32, discretised for the scan
             xbc_p = xbc[:tp]
             conv = kernels.causal_conv1d_prefill(
                 xbc_p, weight, self.conv1d.bias, md=md, conv_state=conv_state
@@ -229,22 +251,26 @@ class Mamba2Mixer(nn.Module):
                 A=A, D=self.D, dt_bias=torch.zeros_like(A), dt_softplus=False
             )
             scan = kernels.ssd_chunked_scan(
-                x, dt_p[:tp], b, c, params=params, md=md, ssm_state=ssm_state
+                x, dt_p, b, c, params=params, md=md, ssm_state=ssm_state
             )
             kernels.extend_track_save(
                 md, xbc=xbc_p, conv=conv, scan=scan, conv_state=conv_state, ssm_state=ssm_state
             )
             parts.append(scan.y.reshape(tp, -1))
         if md.is_target_verify:
-            parts.append(self._verify(md, fwd.pool, xbc, dt_p, A, conv_state, ssm_state, weight))
+            parts.append(
+                self._verify(md, fwd.pool, xbc, dt, A, dt_bias, conv_state, ssm_state, weight)
+            )
         elif md.num_decodes:
             u = kernels.causal_conv1d_update_from_metadata(
                 md, xbc[tp:], conv_state, weight, self.conv1d.bias
             )
             x, b, c = kernels.split_xbc(u, H, D, G, N)
+            # raw dt: the bias, softplus and clamp happen in the kernel
             y = kernels.ssm_state_update_from_metadata(
-                md, ssm_state, x, dt_p[tp:], A, b, c, D=self.D
-            )
+                md, ssm_state, x, dt[tp:], A, b, c, D=self.D, dt_bias=dt_bias, dt_softplus=True,
+                dt_limit=self.dt_limit,
+            )  # fmt: skip
             parts.append(y.reshape(md.num_decodes, -1))
         y_all = parts[0] if len(parts) == 1 else torch.cat(parts)
         out: torch.Tensor = self.out_proj(self.norm(y_all, z).to(h.dtype))
@@ -255,8 +281,9 @@ class Mamba2Mixer(nn.Module):
         md: Mamba2Metadata,
         pool: StatePool,
         xbc: torch.Tensor,
-        dt_p: torch.Tensor,
+        dt: torch.Tensor,
         A: torch.Tensor,
+        dt_bias: torch.Tensor,
         conv_state: torch.Tensor,
         ssm_state: torch.Tensor,
         weight: torch.Tensor,
@@ -272,8 +299,9 @@ class Mamba2Mixer(nn.Module):
         )  # fmt: skip
         x, b, c = kernels.split_xbc(u.view(B * T, -1), H, D, G, N)
         y = kernels.ssm_verify_update_from_metadata(
-            md, ssm_state, x.view(B, T, H, D), dt_p.view(B, T, H), A, b.view(B, T, G, N),
-            c.view(B, T, G, N), D=self.D, inter=inter_ssm[self.index],
+            md, ssm_state, x.view(B, T, H, D), dt.view(B, T, H), A, b.view(B, T, G, N),
+            c.view(B, T, G, N), D=self.D, dt_bias=dt_bias, dt_softplus=True,
+            dt_limit=self.dt_limit, inter=inter_ssm[self.index],
         )  # fmt: skip
         return y.reshape(B * T, -1)
 
@@ -289,10 +317,10 @@ class Attention(nn.Module):
         self.head_dim = config.head_dim
         self.scale = config.head_dim**-0.5
         h = config.hidden_size
-        self.q_proj = nn.Linear(h, self.num_heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(h, self.num_kv * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(h, self.num_kv * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, h, bias=False)
+        self.q_proj = Linear(h, self.num_heads * self.head_dim, bias=False)
+        self.k_proj = Linear(h, self.num_kv * self.head_dim, bias=False)
+        self.v_proj = Linear(h, self.num_kv * self.head_dim, bias=False)
+        self.o_proj = Linear(self.num_heads * self.head_dim, h, bias=False)
 
     def _attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
@@ -320,9 +348,9 @@ class Attention(nn.Module):
         q, k, v = self._qkv(h)
         pool = fwd.pool
         kc, vc = pool.k[self.index], pool.v[self.index]  # [S + 1, M, KVH, hd]
-        keys = torch.arange(pool.max_len, device=h.device)
         plan = fwd.attention
         if plan is not None:
+            keys = torch.arange(pool.max_len, device=h.device)
             slots = fwd.md.prefill_slots  # [P]
             token_slot = slots.index_select(0, plan.token_row)
             kc.index_put_((token_slot, plan.token_pos), k.to(kc.dtype))
@@ -332,7 +360,7 @@ class Attention(nn.Module):
             out = self._attend(_pad_rows(q, plan), kc[slots], vc[slots], mask)
             res: torch.Tensor = self.o_proj(_unpad_rows(out, plan))
             return res
-        return self._rows(q, k, v, kc, vc, keys, fwd)
+        return self._rows(q, k, v, kc, vc, fwd)
 
     def _rows(
         self,
@@ -341,7 +369,6 @@ class Attention(nn.Module):
         v: torch.Tensor,
         kc: torch.Tensor,
         vc: torch.Tensor,
-        keys: torch.Tensor,
         fwd: Forward,
     ) -> torch.Tensor:
         """``T = draft_token_num`` tokens per row (decode: ``T = 1``; verify: the pending
@@ -349,17 +376,19 @@ class Attention(nn.Module):
         row's slot, and each token attends to the row's keys up to its own position (the
         committed prefix and the tokens before it). KV rows of drafts that will be rejected
         lie past the accepted length: the next forward overwrites them before any query
-        reaches them, and until then the causal mask hides them."""
+        reaches them, and until then the causal mask hides them. Two kernels: the KV write
+        and the attention, both reading the slots from the metadata (a pad row, slot
+        ``-1``, writes nothing and gets zeros)."""
         assert fwd.positions is not None
         md = fwd.md
         B, T = md.num_decodes, md.draft_token_num
         slot = md.mamba_cache_indices  # [B]
         pos = fwd.positions.view(B, T)
-        token_slot = slot[:, None].expand(B, T)
-        kc.index_put_((token_slot, pos), k.view(B, T, *k.shape[1:]).to(kc.dtype))
-        vc.index_put_((token_slot, pos), v.view(B, T, *v.shape[1:]).to(vc.dtype))
-        mask = keys[None, None, :] <= pos[:, :, None]  # [B, T, M]
-        out = self._attend(q.view(B, T, *q.shape[1:]), kc[slot], vc[slot], mask)
+        kv_shape = (B, T, self.num_kv, self.head_dim)
+        kernels.kv_cache_write(k.view(kv_shape), v.view(kv_shape), kc, vc, slot, pos)
+        out = kernels.decode_attention(
+            q.view(B, T, self.num_heads, self.head_dim), kc, vc, slot, pos, self.scale
+        )
         res: torch.Tensor = self.o_proj(out.reshape(B * T, -1))
         return res
 
@@ -414,7 +443,7 @@ class NemotronH(nn.Module):
                 layers.append(Block(config, kind, -1))
         self.layers = nn.ModuleList(layers)
         self.norm_f = RMSNorm(config.hidden_size, config.layer_norm_epsilon)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embeddings.weight
 

@@ -1,0 +1,671 @@
+"""Decode attention over the slot pool's KV caches: the KV write and the attention, one launch each.
+
+* :func:`kv_cache_write` - ``cache[slot, pos] = k / v`` for every token of every live row
+  (cast to the caches' dtype); a pad row (slot ``-1``) writes nothing. One kernel writes
+  both caches.
+* :func:`decode_attention` - grouped-query attention of ``T`` tokens per row (decode:
+  ``T = 1``; speculative verify: ``T = draft_token_num``) over the row's cache slot: token
+  ``(b, t)`` attends to keys ``0 .. positions[b, t]`` of slot ``slots[b]``. A pad row
+  reads nothing and outputs zeros.
+
+Together they replace the runtime's torch decode attention (an ``index_put_`` per cache,
+the mask, two einsums and the softmax: about 18 small kernels per layer and step). The
+arithmetic is the runtime's (``decode_attention_reference``, the executable
+specification): scores ``q . k`` in the caches' dtype, then fp32 times ``scale``; softmax
+in fp32; probabilities rounded to the caches' dtype before the ``p . v`` product; fp32
+accumulation, rounded to the caches' dtype, then cast to ``out``'s. The kernel computes the
+softmax online (running max and sum per query head), so it rounds the unnormalised
+probabilities and divides at the end: equal to the reference within rounding, not bit
+for bit.
+
+Kernel: one program per (token, KV head) walks the token's keys in ``BLOCK_N`` tiles up
+to its position (a runtime bound read from ``positions``: no host read, and a new batch
+size, draft length or position never compiles a new variant), with the GQA group of query
+heads as one ``[BLOCK_Q, head_dim]`` tile (``BLOCK_Q = max(16, pow2(group))``, the least
+``tl.dot`` takes). Index arithmetic is int64; every tensor is read at its strides.
+
+Left for later (not done here):
+
+* no split over the key axis (flash-decoding): one program walks all of a token's keys,
+  so a few rows of long context use few of the GPU's SMs (``B * T * kv_heads`` programs);
+* the ``T`` tokens of a verify row each read the row's keys: packing them into one query
+  tile would read the keys once;
+* the launch configuration (``BLOCK_N`` 64, 4 warps) is a rule, not yet measured on the
+  H200.
+
+This module holds the two Triton kernels, their launchers, the ``torch.library`` ops, the
+public functions and the pure-torch references ``*_reference``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from hybridmeta.debug import is_debug
+from hybridmeta.kernels._config import cdiv, pow2_ceil
+from hybridmeta.kernels._dispatch import Impl, _interpreting, no_output_fake, observed, resolve
+from hybridmeta.kernels._launch import DirectLauncher
+from hybridmeta.kernels._validate import (
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
+    check_index_range,
+    check_pool,
+    check_tensor,
+)
+
+__all__ = [
+    "decode_attention",
+    "decode_attention_reference",
+    "kv_cache_write",
+    "kv_cache_write_reference",
+]
+
+_CACHE_DIMS = "[slots + 1, max_len, kv_heads, head_dim]"
+
+
+# --------------------------------------------------------------------------- kernels
+
+
+# T and the positions' row stride (T when dense) are runtime values: a new draft length
+# must not compile a new variant (Triton specialises integers equal to 1).
+@triton.jit(do_not_specialize=["T", "stride_p_b"])
+def _kv_cache_write_kernel(
+    k_ptr: tl.tensor,
+    v_ptr: tl.tensor,
+    kc_ptr: tl.tensor,
+    vc_ptr: tl.tensor,
+    slot_ptr: tl.tensor,
+    pos_ptr: tl.tensor,
+    T: tl.tensor,
+    kv_heads: tl.tensor,
+    stride_k_b: tl.tensor,
+    stride_k_t: tl.tensor,
+    stride_k_h: tl.tensor,
+    stride_k_d: tl.tensor,
+    stride_v_b: tl.tensor,
+    stride_v_t: tl.tensor,
+    stride_v_h: tl.tensor,
+    stride_v_d: tl.tensor,
+    stride_kc_s: tl.tensor,
+    stride_kc_m: tl.tensor,
+    stride_kc_h: tl.tensor,
+    stride_kc_d: tl.tensor,
+    stride_vc_s: tl.tensor,
+    stride_vc_m: tl.tensor,
+    stride_vc_h: tl.tensor,
+    stride_vc_d: tl.tensor,
+    stride_p_b: tl.tensor,
+    stride_p_t: tl.tensor,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+) -> None:
+    i_bt = tl.program_id(0).to(tl.int64)
+    i_hb = tl.program_id(1).to(tl.int64)
+    i_b = i_bt // T
+    i_t = i_bt - i_b * T
+    slot = tl.load(slot_ptr + i_b).to(tl.int64)
+    pos = tl.load(pos_ptr + i_b * stride_p_b + i_t * stride_p_t).to(tl.int64)
+    o_h = i_hb * BLOCK_H + tl.arange(0, BLOCK_H)  # [H] KV heads of this program
+    o_d = tl.arange(0, BLOCK_D)  # [D]
+    # A pad row: bound 0, so nothing is read or stored (not even the scratch row). The
+    # row predicate enters the mask as a bound on the offsets (interpreter notes).
+    lim_h = tl.where(slot >= 0, kv_heads, 0)
+    m = (o_h < lim_h)[:, None] & (o_d < HEAD_DIM)[None, :]  # [H, D]
+    b_k = tl.load(
+        k_ptr
+        + i_b * stride_k_b
+        + i_t * stride_k_t
+        + o_h[:, None] * stride_k_h
+        + o_d[None, :] * stride_k_d,
+        mask=m,
+    )
+    b_v = tl.load(
+        v_ptr
+        + i_b * stride_v_b
+        + i_t * stride_v_t
+        + o_h[:, None] * stride_v_h
+        + o_d[None, :] * stride_v_d,
+        mask=m,
+    )
+    tl.store(
+        kc_ptr
+        + slot * stride_kc_s
+        + pos * stride_kc_m
+        + o_h[:, None] * stride_kc_h
+        + o_d[None, :] * stride_kc_d,
+        b_k.to(kc_ptr.dtype.element_ty),
+        mask=m,
+    )
+    tl.store(
+        vc_ptr
+        + slot * stride_vc_s
+        + pos * stride_vc_m
+        + o_h[:, None] * stride_vc_h
+        + o_d[None, :] * stride_vc_d,
+        b_v.to(vc_ptr.dtype.element_ty),
+        mask=m,
+    )
+
+
+@triton.jit(do_not_specialize=["T", "stride_p_b"])
+def _decode_attention_kernel(
+    q_ptr: tl.tensor,
+    kc_ptr: tl.tensor,
+    vc_ptr: tl.tensor,
+    slot_ptr: tl.tensor,
+    pos_ptr: tl.tensor,
+    out_ptr: tl.tensor,
+    T: tl.tensor,
+    scale: tl.tensor,
+    stride_q_b: tl.tensor,
+    stride_q_t: tl.tensor,
+    stride_q_h: tl.tensor,
+    stride_q_d: tl.tensor,
+    stride_kc_s: tl.tensor,
+    stride_kc_m: tl.tensor,
+    stride_kc_h: tl.tensor,
+    stride_kc_d: tl.tensor,
+    stride_vc_s: tl.tensor,
+    stride_vc_m: tl.tensor,
+    stride_vc_h: tl.tensor,
+    stride_vc_d: tl.tensor,
+    stride_p_b: tl.tensor,
+    stride_p_t: tl.tensor,
+    stride_o_b: tl.tensor,
+    stride_o_t: tl.tensor,
+    stride_o_c: tl.tensor,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    DOT_F32: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+) -> None:
+    i_bt = tl.program_id(0).to(tl.int64)
+    i_h = tl.program_id(1).to(tl.int64)  # KV head
+    i_b = i_bt // T
+    i_t = i_bt - i_b * T
+    slot = tl.load(slot_ptr + i_b).to(tl.int64)
+    pos = tl.load(pos_ptr + i_b * stride_p_b + i_t * stride_p_t).to(tl.int64)
+    # Keys 0 .. pos of the slot; a pad row walks none (and reads no K/V).
+    n_keys = tl.where(slot >= 0, pos + 1, 0)
+
+    o_q = tl.arange(0, BLOCK_Q)  # [Q] query head within the group
+    o_n = tl.arange(0, BLOCK_N)  # [N]
+    o_d = tl.arange(0, BLOCK_D)  # [D]
+    m_q = o_q < GROUP
+    m_d = o_d < HEAD_DIM
+    h_q = i_h * GROUP + o_q  # [Q] query heads of KV head i_h (consecutive, as in GQA)
+    b_q = tl.load(
+        q_ptr
+        + i_b * stride_q_b
+        + i_t * stride_q_t
+        + h_q[:, None] * stride_q_h
+        + o_d[None, :] * stride_q_d,
+        mask=m_q[:, None] & m_d[None, :],
+        other=0.0,
+    )  # [Q, D] in the caches' dtype
+    if DOT_F32:
+        b_q = b_q.to(tl.float32)
+    kc_row = kc_ptr + slot * stride_kc_s + i_h * stride_kc_h
+    vc_row = vc_ptr + slot * stride_vc_s + i_h * stride_vc_h
+
+    m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)  # running max of the scores
+    l_i = tl.zeros([BLOCK_Q], tl.float32)  # running sum of exp(score - m_i)
+    acc = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
+    for start in tl.range(0, n_keys, BLOCK_N):
+        keys = start + o_n  # [N] int64
+        m_n = keys < n_keys
+        # Keys past the position are never read (masked loads).
+        b_kt = tl.load(
+            kc_row + keys[None, :] * stride_kc_m + o_d[:, None] * stride_kc_d,
+            mask=m_d[:, None] & m_n[None, :],
+            other=0.0,
+        )  # [D, N]: K transposed
+        if DOT_F32:
+            b_s = tl.dot(b_q, b_kt.to(tl.float32), input_precision="ieee")
+        else:
+            b_s = tl.dot(b_q, b_kt)  # [Q, N] fp32 accumulate
+        # The reference's scores are the product in the caches' dtype, then fp32 * scale.
+        b_s = b_s.to(kc_ptr.dtype.element_ty).to(tl.float32) * scale
+        b_s = tl.where(m_n[None, :], b_s, float("-inf"))
+        # Every tile holds at least one key (start < n_keys), so m_new is finite.
+        m_new = tl.maximum(m_i, tl.max(b_s, axis=1))
+        alpha = tl.exp(m_i - m_new)  # 0 on the first tile (m_i = -inf)
+        b_p = tl.exp(b_s - m_new[:, None])  # [Q, N]; 0 for masked keys
+        l_i = l_i * alpha + tl.sum(b_p, axis=1)
+        b_v = tl.load(
+            vc_row + keys[:, None] * stride_vc_m + o_d[None, :] * stride_vc_d,
+            mask=m_n[:, None] & m_d[None, :],
+            other=0.0,
+        )  # [N, D]
+        # The reference rounds the probabilities to v's dtype before the product.
+        b_pr = b_p.to(vc_ptr.dtype.element_ty)
+        if DOT_F32:
+            b_pv = tl.dot(b_pr.to(tl.float32), b_v.to(tl.float32), input_precision="ieee")
+        else:
+            b_pv = tl.dot(b_pr, b_v)
+        acc = acc * alpha[:, None] + b_pv
+        m_i = m_new
+    # A pad row: no key, l_i = 0 and acc = 0 -> zeros (defined output).
+    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+    b_o = (acc / l_safe[:, None]).to(vc_ptr.dtype.element_ty)
+    tl.store(
+        out_ptr
+        + i_b * stride_o_b
+        + i_t * stride_o_t
+        + (h_q[:, None] * HEAD_DIM + o_d[None, :]) * stride_o_c,
+        b_o.to(out_ptr.dtype.element_ty),
+        mask=m_q[:, None] & m_d[None, :],
+    )
+
+
+_WRITE_LAUNCHER = DirectLauncher(_kv_cache_write_kernel)
+_ATTN_LAUNCHER = DirectLauncher(_decode_attention_kernel)
+
+
+def _write_blocks(kv_heads: int, head_dim: int) -> tuple[int, int]:
+    # At most 1024 elements a program (8 KV heads of 128: one program a token).
+    block_d = pow2_ceil(head_dim)
+    block_h = min(pow2_ceil(kv_heads), max(1, 1024 // block_d))
+    return block_h, block_d
+
+
+def attention_block_n(head_dim: int) -> int:
+    """Keys per tile of the attention kernel: 64 up to head_dim 128, else 32 (>= 16 for
+    ``tl.dot``)."""
+    return 64 if head_dim <= 128 else 32
+
+
+def launch_kv_cache_write(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    positions: torch.Tensor,
+) -> None:
+    """Launch the KV write on validated tensors (no allocation, no checks, any strides)."""
+    B, T, kv_heads, head_dim = k.shape
+    if B == 0 or T == 0:
+        return
+    block_h, block_d = _write_blocks(kv_heads, head_dim)
+    strides = (*k.stride(), *v.stride(), *k_cache.stride(), *v_cache.stride(), *positions.stride())
+    ptrs = (
+        k.data_ptr(), v.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(),
+        positions.data_ptr(),
+    )  # fmt: skip
+    aligned = all(p & 15 == 0 for p in ptrs)
+    dev = k_cache.get_device()
+    key = (
+        dev, T, kv_heads, head_dim, strides, k.dtype, v.dtype, k_cache.dtype, v_cache.dtype,
+        slots.dtype, positions.dtype,
+    )  # fmt: skip
+    var = _WRITE_LAUNCHER.lookup(key, aligned)
+    _WRITE_LAUNCHER.launch(
+        var, (B * T, cdiv(kv_heads, block_h), 1), key, dev, aligned,
+        lambda: (*ptrs, T, kv_heads, *strides, head_dim, block_h, block_d),
+        lambda g: _kv_cache_write_kernel[g](
+            k, v, k_cache, v_cache, slots, positions, T, kv_heads, *strides,
+            HEAD_DIM=head_dim, BLOCK_H=block_h, BLOCK_D=block_d, num_warps=4,
+        ),
+    )  # fmt: skip
+
+
+def launch_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    positions: torch.Tensor,
+    scale: float,
+    out: torch.Tensor,
+    *,
+    block_n: int | None = None,
+) -> None:
+    """Launch the attention on validated tensors (no allocation, no checks, any strides).
+
+    ``block_n``: keys per tile, a power of two >= 16 (default :func:`attention_block_n`).
+    """
+    B, T, heads, head_dim = q.shape
+    kv_heads = k_cache.shape[2]
+    if B == 0 or T == 0:
+        return
+    group = heads // kv_heads
+    bn = attention_block_n(head_dim) if block_n is None else block_n
+    block_q = max(16, pow2_ceil(group))
+    block_d = max(16, pow2_ceil(head_dim))
+    # bf16 / fp16 caches on a GPU: tensor-core products of the cache dtype, fp32
+    # accumulate. fp32 caches: exact fp32 products (tl.dot would take TF32 inputs by
+    # default); so under the interpreter too, whose bf16 tl.dot is wrong (it multiplies
+    # the raw bits), with the operands widened exactly.
+    dot_f32 = k_cache.dtype == torch.float32 or _interpreting()
+    strides = (
+        *q.stride(), *k_cache.stride(), *v_cache.stride(), *positions.stride(), *out.stride(),
+    )  # fmt: skip
+    ptrs = (
+        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(),
+        positions.data_ptr(), out.data_ptr(),
+    )  # fmt: skip
+    aligned = all(p & 15 == 0 for p in ptrs)
+    dev = q.get_device()
+    key = (
+        dev, T, group, head_dim, bn, dot_f32, strides, q.dtype, k_cache.dtype, v_cache.dtype,
+        slots.dtype, positions.dtype, out.dtype,
+    )  # fmt: skip
+    var = _ATTN_LAUNCHER.lookup(key, aligned)
+    _ATTN_LAUNCHER.launch(
+        var, (B * T, kv_heads, 1), key, dev, aligned,
+        lambda: (*ptrs, T, scale, *strides, group, head_dim, dot_f32, block_q, bn, block_d),
+        lambda g: _decode_attention_kernel[g](
+            q, k_cache, v_cache, slots, positions, out, T, scale, *strides,
+            GROUP=group, HEAD_DIM=head_dim, DOT_F32=dot_f32, BLOCK_Q=block_q,
+            BLOCK_N=bn, BLOCK_D=block_d, num_warps=4,
+        ),
+    )  # fmt: skip
+
+
+# --------------------------------------------------------------------------- custom ops
+
+
+def _kv_cache_write_impl(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    positions: torch.Tensor,
+) -> None:
+    launch_kv_cache_write(k, v, k_cache, v_cache, slots, positions)
+
+
+_kv_cache_write_op = torch.library.custom_op(
+    "hybridmeta::kv_cache_write", _kv_cache_write_impl, mutates_args=("k_cache", "v_cache")
+)
+
+_kv_cache_write_op.register_fake(no_output_fake)
+
+
+def _decode_attention_impl(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    positions: torch.Tensor,
+    scale: float,
+    out: torch.Tensor,
+) -> None:
+    launch_decode_attention(q, k_cache, v_cache, slots, positions, scale, out)
+
+
+_decode_attention_op = torch.library.custom_op(
+    "hybridmeta::decode_attention", _decode_attention_impl, mutates_args=("out",)
+)
+
+_decode_attention_op.register_fake(no_output_fake)
+
+
+# --------------------------------------------------------------------------- public ops
+
+
+def _check_caches(op: str, k_cache: object, v_cache: object) -> torch.Tensor:
+    """The caches: ``[S + 1, M, KVH, hd]`` of one float dtype, one shape, one device."""
+    kc = check_pool(op, "k_cache", k_cache, dims=_CACHE_DIMS)
+    if kc.shape[0] < 1:
+        raise ValueError(
+            f"{op}: `k_cache` must hold at least its scratch row, got {list(kc.shape)}"
+        )
+    check_tensor(op, "v_cache", v_cache, shape=kc.shape, dtypes=(kc.dtype,), device=kc.device,
+                 dims=_CACHE_DIMS)  # fmt: skip
+    return kc
+
+
+def _check_rows(
+    op: str, slots: object, positions: object, B: int, T: int, dev: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    s = check_tensor(
+        op, "slots", slots, shape=(B,), dtypes=INDEX_DTYPES, device=dev, dims="[batch]"
+    )
+    p = check_tensor(op, "positions", positions, shape=(B, T), dtypes=INDEX_DTYPES, device=dev,
+                     dims="[batch, tokens]")  # fmt: skip
+    return s, p
+
+
+def _check_values(
+    op: str, slots: torch.Tensor, positions: torch.Tensor, num_slots: int, max_len: int
+) -> None:
+    """The value rules (they read the tensors: debug mode, or CPU tensors outside capture).
+
+    ``slots`` in ``[-1, S)``; each live row's positions in ``[0, M)``.
+    """
+    check_index_range(op, "slots", slots, num_slots)
+    bad = (slots >= 0)[:, None] & ((positions < 0) | (positions >= max_len))
+    if bool(bad.any()):
+        b, t = (int(i) for i in bad.nonzero()[0])
+        raise ValueError(
+            f"{op}: `positions` of a live row must be in [0, {max_len}) (the caches' max_len); "
+            f"row {b} token {t} holds {int(positions[b, t])}"
+        )
+
+
+def _reads_values(t: torch.Tensor) -> bool:
+    """Whether the value rules are checked: in debug mode, and on CPU tensors whenever
+    nothing observes the call (a graph capture or fake tensors must not read values)."""
+    return is_debug() or (t.device.type == "cpu" and not observed(t))
+
+
+def kv_cache_write(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    positions: torch.Tensor,
+    *,
+    impl: Impl | None = None,
+) -> None:
+    """Store each token's K and V at its position in its row's cache slot, in place.
+
+    For every live row ``b`` (``slots[b] >= 0``) and token ``t``::
+
+        k_cache[slots[b], positions[b, t]] = k[b, t]      # cast to the caches' dtype
+        v_cache[slots[b], positions[b, t]] = v[b, t]
+
+    A pad row (``slots[b] == -1``) writes nothing, not even the scratch row.
+
+    Parameters
+    ----------
+    k, v : torch.Tensor
+        ``[B, T, kv_heads, head_dim]``, float dtypes (any strides).
+    k_cache, v_cache : torch.Tensor
+        ``[S + 1, max_len, kv_heads, head_dim]``, one float dtype (any strides); row ``S``
+        is the pool's scratch row. Updated in place.
+    slots : torch.Tensor
+        ``[B]`` int32/int64 working slot of each row in ``[0, S)``; ``-1``: a pad row.
+    positions : torch.Tensor
+        ``[B, T]`` int32/int64 position of each token, in ``[0, max_len)`` for live rows.
+        Written cells must be distinct.
+    impl : {"auto", "triton", "reference"}, optional
+        The implementation (see :func:`hybridmeta.kernels.implementation`).
+
+    Raises
+    ------
+    TypeError, ValueError
+        On any argument that breaks the rules above (the message names it). The value
+        rules (slot and position ranges) read the tensors: they are checked for CPU
+        tensors (outside a graph capture) and in debug mode. Nothing is written.
+    """
+    op = "kv_cache_write"
+    kc = _check_caches(op, k_cache, v_cache)
+    dev = kc.device
+    _, max_len, kv_heads, head_dim = kc.shape
+    k = check_tensor(op, "k", k, shape=(None, None, kv_heads, head_dim), dtypes=FLOAT_DTYPES,
+                     device=dev, dims="[batch, tokens, kv_heads, head_dim]")  # fmt: skip
+    B, T = k.shape[:2]
+    check_tensor(op, "v", v, shape=(B, T, kv_heads, head_dim), dtypes=FLOAT_DTYPES, device=dev,
+                 dims="[batch, tokens, kv_heads, head_dim]")  # fmt: skip
+    _check_rows(op, slots, positions, B, T, dev)
+    which = resolve(op, impl, dev)
+    if _reads_values(slots):
+        _check_values(op, slots, positions, kc.shape[0] - 1, max_len)
+    if which == "reference":
+        kv_cache_write_reference(k, v, k_cache, v_cache, slots, positions)
+        return
+    run = torch.ops.hybridmeta.kv_cache_write if observed(k_cache) else _kv_cache_write_impl
+    run(k, v, k_cache, v_cache, slots, positions)
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    positions: torch.Tensor,
+    scale: float,
+    *,
+    out: torch.Tensor | None = None,
+    impl: Impl | None = None,
+) -> torch.Tensor:
+    """Grouped-query attention of ``T`` tokens per row over the row's cache slot.
+
+    Token ``(b, t)`` of a live row attends to keys ``0 .. positions[b, t]`` (inclusive) of
+    slot ``slots[b]``; query head ``h`` reads KV head ``h // (Hq // kv_heads)``::
+
+        s   = fp32(q[b, t, h] . k_cache[slot, j, g]) * scale       # product in the cache dtype
+        p   = softmax_j(s)  (fp32), rounded to the caches' dtype
+        out[b, t, h * hd : (h + 1) * hd] = sum_j p[j] * v_cache[slot, j, g]   # fp32 accumulate
+
+    (:func:`decode_attention_reference` states it exactly). Cache cells past a token's
+    position are never read (they may hold anything, NaN included). A pad row
+    (``slots[b] == -1``) reads nothing and outputs zeros.
+
+    Parameters
+    ----------
+    q : torch.Tensor
+        ``[B, T, Hq, head_dim]`` in the caches' dtype (any strides); ``Hq`` a multiple of
+        ``kv_heads``.
+    k_cache, v_cache : torch.Tensor
+        ``[S + 1, max_len, kv_heads, head_dim]``, one float dtype (any strides); only read.
+    slots : torch.Tensor
+        ``[B]`` int32/int64 working slot of each row in ``[0, S)``; ``-1``: a pad row.
+    positions : torch.Tensor
+        ``[B, T]`` int32/int64 position of each token, in ``[0, max_len)`` for live rows.
+    scale : float
+        Score scale (``head_dim ** -0.5`` in the model).
+    out : torch.Tensor, optional
+        ``[B, T, Hq * head_dim]``, any float dtype (any strides); default: a new tensor in
+        ``q``'s dtype.
+    impl : {"auto", "triton", "reference"}, optional
+        The implementation (see :func:`hybridmeta.kernels.implementation`).
+
+    Returns
+    -------
+    torch.Tensor
+        ``out``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        On any argument that breaks the rules above (the message names it); the value
+        rules (slot and position ranges) are checked for CPU tensors (outside a graph
+        capture) and in debug mode. Nothing is written.
+    """
+    op = "decode_attention"
+    kc = _check_caches(op, k_cache, v_cache)
+    dev = kc.device
+    _, max_len, kv_heads, head_dim = kc.shape
+    q = check_tensor(op, "q", q, shape=(None, None, None, head_dim), dtypes=(kc.dtype,),
+                     device=dev, dims="[batch, tokens, heads, head_dim]")  # fmt: skip
+    B, T, heads = q.shape[:3]
+    if heads < 1 or heads % kv_heads != 0:
+        raise ValueError(
+            f"{op}: `q` heads={heads} must be a positive multiple of the caches' "
+            f"kv_heads={kv_heads} (grouped-query attention)"
+        )
+    _check_rows(op, slots, positions, B, T, dev)
+    if isinstance(scale, bool) or not isinstance(scale, int | float):
+        raise TypeError(f"{op}: `scale` must be a real number, got {type(scale).__name__}")
+    if out is not None:
+        check_tensor(op, "out", out, shape=(B, T, heads * head_dim), dtypes=FLOAT_DTYPES,
+                     device=dev, dims="[batch, tokens, heads * head_dim]")  # fmt: skip
+    which = resolve(op, impl, dev)
+    if _reads_values(slots):
+        _check_values(op, slots, positions, kc.shape[0] - 1, max_len)
+    if which == "reference":
+        res = decode_attention_reference(q, k_cache, v_cache, slots, positions, float(scale))
+        if out is None:
+            return res
+        out.copy_(res)
+        return out
+    if out is None:
+        out = torch.empty(B, T, heads * head_dim, dtype=q.dtype, device=dev)
+    run = torch.ops.hybridmeta.decode_attention if observed(q) else _decode_attention_impl
+    run(q, k_cache, v_cache, slots, positions, float(scale), out)
+    return out
+
+
+# --------------------------------------------------------------------------- references
+
+
+def kv_cache_write_reference(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    positions: torch.Tensor,
+) -> None:
+    """The pure-torch KV write, in place: the runtime's ``index_put_`` for live rows.
+
+    Fixed shapes, no device-to-host read (capturable). A pad row's tokens are pointed at
+    cell ``[S, 0]`` of the scratch row with that cell's own value, so every cache cell
+    keeps its bits unless a live token writes it.
+    """
+    B, T = k.shape[:2]
+    scratch = k_cache.shape[0] - 1
+    live = slots >= 0
+    token_slot = torch.where(live, slots.long(), scratch)[:, None].expand(B, T)
+    token_pos = torch.where(live[:, None], positions.long(), 0)
+    for cache, x in ((k_cache, k), (v_cache, v)):
+        values = torch.where(live[:, None, None, None], x.to(cache.dtype), cache[scratch, 0])
+        cache.index_put_((token_slot, token_pos), values)
+
+
+def decode_attention_reference(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    positions: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """The runtime's torch decode attention, exactly, for live rows; zeros for pad rows.
+
+    Returns a new ``[B, T, Hq * head_dim]`` tensor in the caches' dtype. One step is added
+    to the runtime's code: the values past a row's last position are zeroed before the
+    ``p . v`` product, so that stale cells (NaN, inf) stay unread as in the kernel (their
+    probabilities are exactly 0, so for finite caches this changes no value). Fixed shapes,
+    no device-to-host read (capturable).
+    """
+    B, T, heads, head_dim = q.shape
+    max_len, kv_heads = k_cache.shape[1:3]
+    if T == 0:
+        return torch.zeros(B, T, heads * head_dim, dtype=q.dtype, device=q.device)
+    live = slots >= 0
+    safe = torch.where(live, slots.long(), 0)
+    k = k_cache.index_select(0, safe)  # [B, M, KVH, hd]
+    v = v_cache.index_select(0, safe)
+    keys = torch.arange(max_len, device=q.device)
+    mask = keys[None, None, :] <= positions[:, :, None]  # [B, T, M]
+    seen = keys[None, :] <= positions.amax(dim=1)[:, None]  # [B, M] keys any token reads
+    v = torch.where(seen[:, :, None, None], v, 0.0)
+    qg = q.reshape(B, T, kv_heads, heads // kv_heads, head_dim)
+    scores = torch.einsum("rlgqd,rmgd->rgqlm", qg, k).float() * scale
+    scores = scores.masked_fill(~mask[:, None, None], -torch.inf)
+    probs = torch.softmax(scores, dim=-1).to(v.dtype)
+    out = torch.einsum("rgqlm,rmgd->rlgqd", probs, v).reshape(B, T, heads * head_dim)
+    # Select, never multiply: a pad row's scores are all masked (NaN after the softmax).
+    return torch.where(live[:, None, None], out, 0.0)
