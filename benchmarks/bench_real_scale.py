@@ -23,6 +23,7 @@ Writes ``real_scale_<tag>.json`` (device, versions, date, config, every figure) 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import gc
 import json
@@ -31,7 +32,7 @@ import shutil
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -180,6 +181,43 @@ def run_requests(rt: Runtime, prompts: list[list[int]], new_tokens: int) -> dict
     return out
 
 
+@contextlib.contextmanager
+def host_breakdown(rt: Runtime) -> Iterator[dict[str, list[float]]]:
+    """Host seconds of the decode step's pieces (the runtime's plan, the packed
+    host-to-device copy, the graph buffers' refresh, the replay call, the sampling), one
+    list per piece, while the block runs; the functions are restored after it."""
+    import hybridmeta.runtime.engine as engine
+
+    assert rt.graphs is not None
+    times: dict[str, list[float]] = {}
+    targets: list[tuple[Any, str, str]] = [
+        (rt, "_plan", "plan"), (engine, "to_device_packed", "pack"),
+        (rt.graphs.runner.buffers, "refresh", "refresh"), (rt.graphs, "run", "graphs.run"),
+        (rt, "_sample", "sample"),
+    ]  # fmt: skip
+    saved = []
+    for obj, name, label in targets:
+        fn = getattr(obj, name)
+        saved.append((obj, name, fn, name in vars(obj)))
+
+        def timed(*a: Any, _fn: Any = fn, _label: str = label, **k: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return _fn(*a, **k)
+            finally:
+                times.setdefault(_label, []).append(time.perf_counter() - t0)
+
+        setattr(obj, name, timed)
+    try:
+        yield times
+    finally:
+        for obj, name, fn, own in saved:
+            if own:
+                setattr(obj, name, fn)
+            else:
+                delattr(obj, name)
+
+
 def make_replay(rt: Runtime, bs: int) -> Callable[[], torch.Tensor]:
     """One replay of the captured decode step of bucket ``bs`` on slots ``1..bs``."""
     assert rt.graphs is not None
@@ -245,14 +283,25 @@ def profile_step(fn: Callable[[], Any], dev: torch.device, steps: int) -> dict[s
         if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA
     ]  # fmt: skip
     names: dict[str, int] = {}
+    times: dict[str, float] = {}
     for e in kernels:
         names[e.name] = names.get(e.name, 0) + 1
+        times[e.name] = times.get(e.name, 0.0) + e.device_time
     top = sorted(names.items(), key=lambda kv: -kv[1])[:25]
+    by_time = sorted(times.items(), key=lambda kv: -kv[1])[:25]
     total_us = sum(e.device_time for e in kernels) if kernels else 0.0
     return {
         "kernels_per_step": len(kernels) / steps,
         "kernel_time_per_step_ms": total_us / steps / 1e3,
-        "top_kernels": [{"name": n[:120], "per_step": c / steps} for n, c in top],
+        "top_kernels": [
+            {"name": n[:120], "per_step": c / steps, "us_per_step": times[n] / steps}
+            for n, c in top
+        ],
+        # where the step's GPU time goes: the 25 kernels with the most time per step
+        "top_kernels_by_time": [
+            {"name": n[:120], "per_step": names[n] / steps, "us_per_step": t / steps}
+            for n, t in by_time
+        ],
     }
 
 
@@ -361,6 +410,13 @@ def _main(args: argparse.Namespace) -> None:
         plen = prefill_len if bs == 1 else min(128, prefill_len)
         r = run_requests(rt, [_prompt(plen, cfg.vocab_size, 10 + b) for b in range(bs)],
                          args.new_tokens)  # fmt: skip
+        # the same requests again, timing the host pieces of each step (median us); the
+        # figures above come from the run without the timers
+        with host_breakdown(rt) as times:
+            run_requests(rt, [_prompt(plen, cfg.vocab_size, 10 + b) for b in range(bs)],
+                         args.new_tokens)  # fmt: skip
+        r["host_us_median"] = {k: statistics.median(v) * 1e6 for k, v in times.items()}
+        print("host pieces (us)", {k: round(v, 1) for k, v in r["host_us_median"].items()})
         r |= replay_ms(rt, bs, 20)
         assert rt.graphs is not None
         r["graph_profile"] = profile_step(make_replay(rt, bs), dev, 3)
@@ -368,8 +424,10 @@ def _main(args: argparse.Namespace) -> None:
             r["wall_over_floor"] = r["decode_step_wall_ms"] / floor
         r["replay_over_floor"] = r["replay_ms"] / floor
         steps[f"bs{bs}"] = r
+        for k in r["graph_profile"]["top_kernels_by_time"][:15]:
+            print(f"  {k['us_per_step']:9.1f} us  x{k['per_step']:5.1f}  {k['name'][:90]}")
         print(f"bs {bs}", {k: v for k, v in r.items() if k != "graph_profile"},
-              {k: v for k, v in r["graph_profile"].items() if k != "top_kernels"}, flush=True)
+              {k: v for k, v in r["graph_profile"].items() if not k.startswith("top_kernels")}, flush=True)
         save()
     res["runtime"] = steps
 
@@ -384,7 +442,7 @@ def _main(args: argparse.Namespace) -> None:
             return model.forward_decode(ids, pos, md, pool)
 
     res["eager_step_profile"] = profile_step(eager_step, dev, 2)
-    print("eager step", {k: v for k, v in res["eager_step_profile"].items() if k != "top_kernels"},
+    print("eager step", {k: v for k, v in res["eager_step_profile"].items() if not k.startswith("top_kernels")},
           flush=True)  # fmt: skip
     save()
     del rt
