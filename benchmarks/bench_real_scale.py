@@ -218,13 +218,14 @@ def host_breakdown(rt: Runtime) -> Iterator[dict[str, list[float]]]:
                 delattr(obj, name)
 
 
-def make_replay(rt: Runtime, bs: int) -> Callable[[], torch.Tensor]:
-    """One replay of the captured decode step of bucket ``bs`` on slots ``1..bs``."""
+def make_replay(rt: Runtime, bs: int, position: int) -> Callable[[], torch.Tensor]:
+    """One replay of the captured decode step of bucket ``bs`` on slots ``0..bs-1``, every
+    row at ``position`` (its attention reads ``position + 1`` keys)."""
     assert rt.graphs is not None
     graphs = rt.graphs
     dev = rt.device
     ids = torch.full((bs,), 5, dtype=torch.int64, device=dev)
-    pos = torch.full((bs,), 3, dtype=torch.int64, device=dev)
+    pos = torch.full((bs,), position, dtype=torch.int64, device=dev)
     return lambda: graphs.run(_decode_forward(bs, dev), ids, pos)
 
 
@@ -240,10 +241,10 @@ def _decode_forward(bs: int, dev: torch.device) -> ForwardMetadata:
     )
 
 
-def replay_ms(rt: Runtime, bs: int, iters: int) -> dict[str, float]:
+def replay_ms(rt: Runtime, bs: int, iters: int, position: int) -> dict[str, float]:
     """The captured decode step replayed alone: GPU time between events, and host time."""
     dev = rt.device
-    replay = make_replay(rt, bs)
+    replay = make_replay(rt, bs, position)
     for _ in range(3):
         replay()
     _sync(dev)
@@ -417,9 +418,14 @@ def _main(args: argparse.Namespace) -> None:
                          args.new_tokens)  # fmt: skip
         r["host_us_median"] = {k: statistics.median(v) * 1e6 for k, v in times.items()}
         print("host pieces (us)", {k: round(v, 1) for k, v in r["host_us_median"].items()})
-        r |= replay_ms(rt, bs, 20)
+        # replayed at the decode steps' own context (the prompt's length), and at position
+        # 3 (attention over 4 keys: the step without its context)
+        ctx = plen + args.new_tokens // 2
+        r |= replay_ms(rt, bs, 20, ctx)
+        r["replay_position"] = ctx
+        r["replay_pos3_ms"] = replay_ms(rt, bs, 20, 3)["replay_ms"]
         assert rt.graphs is not None
-        r["graph_profile"] = profile_step(make_replay(rt, bs), dev, 3)
+        r["graph_profile"] = profile_step(make_replay(rt, bs, ctx), dev, 3)
         if "decode_step_wall_ms" in r:
             r["wall_over_floor"] = r["decode_step_wall_ms"] / floor
         r["replay_over_floor"] = r["replay_ms"] / floor

@@ -59,6 +59,7 @@ bench)
   timeout 120 python3 benchmarks/bench_spec.py --out "$OUT" --no-sweep 2>&1 | tee "$OUT/bench_spec.log" | tail -6
   timeout 90 python3 benchmarks/bench_prefill.py --out "$OUT" 2>&1 | tee "$OUT/bench_prefill.log" | tail -4
   timeout 60 python3 benchmarks/bench_graphs.py --out "$OUT" 2>&1 | tee "$OUT/bench_graphs.log" | tail -6
+  timeout 90 python3 benchmarks/bench_attention.py --out "$OUT" 2>&1 | tee "$OUT/bench_attention.log" | tail -12
   timeout 120 python3 benchmarks/bench_gemv.py --out "$OUT" 2>&1 | grep -v -i warn | tee "$OUT/bench_gemv.log" | tail -14
   ;;
 realscale)

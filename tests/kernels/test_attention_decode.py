@@ -21,7 +21,7 @@ from hybridmeta.kernels import (
     kv_cache_write,
     kv_cache_write_reference,
 )
-from hybridmeta.kernels.attention_decode import launch_decode_attention
+from hybridmeta.kernels.attention_decode import attention_splits, launch_decode_attention
 from tests.kernels._support import DEVICE, assert_close, bits, nan_empty
 from tests.op_log import OpLog
 
@@ -224,6 +224,37 @@ def test_key_tiles_are_walked_to_the_position() -> None:
     launch_decode_attention(q, kc, vc, slots, pos, 0.3, out, block_n=16)
     want = decode_attention_reference(q, kc, vc, slots, pos, 0.3)
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("splits", [(3, 16), (2, 32), (5, 16)])
+def test_split_keys_and_combine_equal_the_reference(splits: tuple[int, int]) -> None:
+    """Flash-decoding: the keys axis in splits of 16 or 32 keys (tiles of 16), partials
+    merged by the combine kernel; tokens ending in the first, a middle and the last split,
+    a token at position 0 (one key: every later split empty) and a pad row (all empty)."""
+    hd, G, T, m = 32, 4, 3, 40
+    pool = Pool(hd, torch.float32)
+    first = [13, 37, 3, 0]  # ends 15, 39, pad, 2
+    pool.prefix(SLOTS, [f + T for f in first], seed=40)
+    slots = torch.tensor(SLOTS, device=DEVICE)
+    pos = _positions(T, first)
+    pos[3, 0] = 0
+    q = _rnd(4, T, KVH * G, hd, dtype=torch.float32, seed=42)
+    kc, vc = pool.k[:, :m], pool.v[:, :m]
+    out = nan_empty(4, T, KVH * G * hd, dtype=torch.float32)
+    launch_decode_attention(q, kc, vc, slots, pos, 0.3, out, block_n=16, splits=splits)
+    want = decode_attention_reference(q, kc, vc, slots, pos, 0.3)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+    assert bool((out[2] == 0).all()), "a pad row gets zeros"
+
+
+def test_split_rule_fills_the_gpu_from_shapes_only() -> None:
+    # one row of 8 KV heads and 2,080 keys: splits of >= 128 keys, <= 512 programs
+    n, keys = attention_splits(1, 8, 2080, 64)
+    assert n * keys >= 2080 and keys % 64 == 0 and keys >= 128 and 8 * n <= 512 and n > 1
+    assert (n - 1) * keys < 2080, "no split lies wholly past max_len"
+    # 64 rows already give 512 programs: one pass; short caches: one pass
+    assert attention_splits(64, 8, 2080, 64)[0] == 1
+    assert attention_splits(1, 8, 100, 64)[0] == 1
 
 
 def _odd_layout(t: torch.Tensor) -> torch.Tensor:
@@ -520,16 +551,22 @@ def test_empty_batch_is_a_no_op() -> None:
 
 
 @pytest.mark.gpu
-def test_nano_shapes_match_reference() -> None:
-    """Nemotron-H attention: head_dim 128, 40 query heads on 8 KV heads, bf16, long rows."""
-    hd, kvh, heads, m, B = 128, 8, 40, 2048, 16
+@pytest.mark.parametrize("B", [1, 16, 64])
+def test_nano_shapes_match_reference(B: int) -> None:
+    """Nemotron-H attention: head_dim 128, 40 query heads on 8 KV heads, bf16, long rows;
+    1 and 16 rows split the keys (16 and 4 splits), 64 rows take one pass."""
+    hd, kvh, heads, m = 128, 8, 40, 2048
+    assert (attention_splits(B, kvh, m, 64)[0] > 1) == (B < 64)
     g = torch.Generator().manual_seed(100)
     kc = torch.randn(B + 1, m, kvh, hd, generator=g).to(DEVICE, torch.bfloat16)
     vc = torch.randn(B + 1, m, kvh, hd, generator=g).to(DEVICE, torch.bfloat16)
     slots = torch.randperm(B, generator=g).to(DEVICE)
-    slots[3] = -1
+    if B > 3:
+        slots[3] = -1
     pos = torch.randint(0, m, (B, 1), generator=g).to(DEVICE)
-    pos[0, 0], pos[1, 0] = 0, m - 1
+    pos[0, 0] = m - 1 if B == 1 else 0
+    if B > 1:
+        pos[1, 0] = m - 1
     q = torch.randn(B, 1, heads, hd, generator=g).to(DEVICE, torch.bfloat16)
     got = decode_attention(q, kc, vc, slots, pos, hd**-0.5)
     want = decode_attention_reference(q, kc, vc, slots, pos, hd**-0.5)

@@ -22,16 +22,20 @@ Kernel: one program per (token, KV head) walks the token's keys in ``BLOCK_N`` t
 to its position (a runtime bound read from ``positions``: no host read, and a new batch
 size, draft length or position never compiles a new variant), with the GQA group of query
 heads as one ``[BLOCK_Q, head_dim]`` tile (``BLOCK_Q = max(16, pow2(group))``, the least
-``tl.dot`` takes). Index arithmetic is int64; every tensor is read at its strides.
+``tl.dot`` takes). Index arithmetic is int64; every tensor is read at its strides. When
+``B * T * kv_heads`` programs would leave the GPU idle (few rows of long context), the
+keys axis is split (flash-decoding, :func:`attention_splits`, from shapes only): each
+(token, KV head, split) program stores its unnormalised partial to an fp32 workspace and
+``_attention_combine_kernel`` merges the splits.
 
 Left for later (not done here):
 
-* no split over the key axis (flash-decoding): one program walks all of a token's keys,
-  so a few rows of long context use few of the GPU's SMs (``B * T * kv_heads`` programs);
 * the ``T`` tokens of a verify row each read the row's keys: packing them into one query
   tile would read the keys once;
-* the launch configuration (``BLOCK_N`` 64, 4 warps) is a rule, not yet measured on the
-  H200.
+* the combine kernel walks its splits one after another;
+* the launch configuration (``BLOCK_N`` 64, 4 warps, splits of >= 128 keys up to 512
+  programs) is a rule, measured at Nemotron shapes (``benchmarks/bench_attention.py``) but
+  not swept.
 
 This module holds the two Triton kernels, their launchers, the ``torch.library`` ops, the
 public functions and the pure-torch references ``*_reference``.
@@ -150,7 +154,7 @@ def _kv_cache_write_kernel(
     )
 
 
-@triton.jit(do_not_specialize=["T", "stride_p_b"])
+@triton.jit(do_not_specialize=["T", "stride_p_b", "split_keys"])
 def _decode_attention_kernel(
     q_ptr: tl.tensor,
     kc_ptr: tl.tensor,
@@ -158,8 +162,11 @@ def _decode_attention_kernel(
     slot_ptr: tl.tensor,
     pos_ptr: tl.tensor,
     out_ptr: tl.tensor,
+    part_o_ptr: tl.tensor,
+    part_ml_ptr: tl.tensor,
     T: tl.tensor,
     scale: tl.tensor,
+    split_keys: tl.tensor,
     stride_q_b: tl.tensor,
     stride_q_t: tl.tensor,
     stride_q_h: tl.tensor,
@@ -183,6 +190,7 @@ def _decode_attention_kernel(
     BLOCK_Q: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    SPLIT: tl.constexpr,
 ) -> None:
     i_bt = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1).to(tl.int64)  # KV head
@@ -192,6 +200,16 @@ def _decode_attention_kernel(
     pos = tl.load(pos_ptr + i_b * stride_p_b + i_t * stride_p_t).to(tl.int64)
     # Keys 0 .. pos of the slot; a pad row walks none (and reads no K/V).
     n_keys = tl.where(slot >= 0, pos + 1, 0)
+    if SPLIT:
+        # Flash-decoding: this program takes keys [k_lo, k_hi) of the token (split i_s of
+        # a grid sized from the caches' max_len, so a split past the position walks none)
+        # and stores its unnormalised partial result for _attention_combine_kernel.
+        i_s = tl.program_id(2).to(tl.int64)
+        k_lo = i_s * split_keys
+        k_hi = tl.minimum(k_lo + split_keys, n_keys)
+    else:
+        k_lo = 0  # type: ignore[assignment]
+        k_hi = n_keys
 
     o_q = tl.arange(0, BLOCK_Q)  # [Q] query head within the group
     o_n = tl.arange(0, BLOCK_N)  # [N]
@@ -216,9 +234,9 @@ def _decode_attention_kernel(
     m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)  # running max of the scores
     l_i = tl.zeros([BLOCK_Q], tl.float32)  # running sum of exp(score - m_i)
     acc = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
-    for start in tl.range(0, n_keys, BLOCK_N):
+    for start in tl.range(k_lo, k_hi, BLOCK_N):
         keys = start + o_n  # [N] int64
-        m_n = keys < n_keys
+        m_n = keys < k_hi
         # Keys past the position are never read (masked loads).
         b_kt = tl.load(
             kc_row + keys[None, :] * stride_kc_m + o_d[:, None] * stride_kc_d,
@@ -250,21 +268,93 @@ def _decode_attention_kernel(
             b_pv = tl.dot(b_pr, b_v)
         acc = acc * alpha[:, None] + b_pv
         m_i = m_new
-    # A pad row: no key, l_i = 0 and acc = 0 -> zeros (defined output).
-    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
-    b_o = (acc / l_safe[:, None]).to(vc_ptr.dtype.element_ty)
+    if SPLIT:
+        # partials: [B*T, KVH, splits, BLOCK_Q, BLOCK_D] (acc) and [.., 2, BLOCK_Q] (m, l);
+        # a split without keys stores m = -inf, l = 0, acc = 0
+        i_part = (i_bt * tl.num_programs(1) + i_h) * tl.num_programs(2) + i_s
+        tl.store(
+            part_o_ptr + i_part * (BLOCK_Q * BLOCK_D) + o_q[:, None] * BLOCK_D + o_d[None, :],
+            acc,
+        )
+        tl.store(part_ml_ptr + i_part * (2 * BLOCK_Q) + o_q, m_i)
+        tl.store(part_ml_ptr + i_part * (2 * BLOCK_Q) + BLOCK_Q + o_q, l_i)
+    else:
+        # A pad row: no key, l_i = 0 and acc = 0 -> zeros (defined output).
+        l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+        b_o = (acc / l_safe[:, None]).to(vc_ptr.dtype.element_ty)
+        tl.store(
+            out_ptr
+            + i_b * stride_o_b
+            + i_t * stride_o_t
+            + (h_q[:, None] * HEAD_DIM + o_d[None, :]) * stride_o_c,
+            b_o.to(out_ptr.dtype.element_ty),
+            mask=m_q[:, None] & m_d[None, :],
+        )
+
+
+@triton.jit(do_not_specialize=["T", "n_splits"])
+def _attention_combine_kernel(
+    part_o_ptr: tl.tensor,
+    part_ml_ptr: tl.tensor,
+    out_ptr: tl.tensor,
+    T: tl.tensor,
+    n_splits: tl.tensor,
+    stride_o_b: tl.tensor,
+    stride_o_t: tl.tensor,
+    stride_o_c: tl.tensor,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    CACHE_DTYPE: tl.constexpr,
+) -> None:
+    """Merge the splits of one (token, KV head): ``sum_s e^(m_s - M) acc_s / sum_s
+    e^(m_s - M) l_s`` with ``M = max_s m_s``; a token without keys (a pad row) gets zeros."""
+    i_bt = tl.program_id(0).to(tl.int64)
+    i_h = tl.program_id(1).to(tl.int64)
+    i_b = i_bt // T
+    i_t = i_bt - i_b * T
+    o_q = tl.arange(0, BLOCK_Q)
+    o_d = tl.arange(0, BLOCK_D)
+    base = (i_bt * tl.num_programs(1) + i_h) * n_splits
+    m_tot = tl.full([BLOCK_Q], float("-inf"), tl.float32)
+    l_tot = tl.zeros([BLOCK_Q], tl.float32)
+    acc = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
+    for i_s in tl.range(0, n_splits):
+        p = base + i_s
+        m_s = tl.load(part_ml_ptr + p * (2 * BLOCK_Q) + o_q)
+        l_s = tl.load(part_ml_ptr + p * (2 * BLOCK_Q) + BLOCK_Q + o_q)
+        a_s = tl.load(part_o_ptr + p * (BLOCK_Q * BLOCK_D) + o_q[:, None] * BLOCK_D + o_d[None, :])
+        m_new = tl.maximum(m_tot, m_s)
+        # a side without keys (m = -inf) scales by exp(-inf) = 0; while both are -inf the
+        # reference point is 0, so no -inf - -inf (NaN) is formed
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        f_old = tl.exp(m_tot - m_ref)
+        f_new = tl.exp(m_s - m_ref)
+        l_tot = l_tot * f_old + l_s * f_new
+        acc = acc * f_old[:, None] + a_s * f_new[:, None]
+        m_tot = m_new
+    l_safe = tl.where(l_tot > 0.0, l_tot, 1.0)
+    b_o = (acc / l_safe[:, None]).to(CACHE_DTYPE)  # type: ignore[arg-type]
+    h_q = i_h * GROUP + o_q
     tl.store(
         out_ptr
         + i_b * stride_o_b
         + i_t * stride_o_t
         + (h_q[:, None] * HEAD_DIM + o_d[None, :]) * stride_o_c,
         b_o.to(out_ptr.dtype.element_ty),
-        mask=m_q[:, None] & m_d[None, :],
+        mask=(o_q < GROUP)[:, None] & (o_d < HEAD_DIM)[None, :],
     )
 
 
 _WRITE_LAUNCHER = DirectLauncher(_kv_cache_write_kernel)
 _ATTN_LAUNCHER = DirectLauncher(_decode_attention_kernel)
+_COMBINE_LAUNCHER = DirectLauncher(_attention_combine_kernel)
+_TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+#: Programs a split launch aims at (about four per SM of an H100 / H200)
+_SPLIT_TARGET_PROGRAMS = 512
+#: Fewest keys a split takes (below it a split's fixed cost dominates)
+_MIN_SPLIT_KEYS = 128
 
 
 def _write_blocks(kv_heads: int, head_dim: int) -> tuple[int, int]:
@@ -272,6 +362,19 @@ def _write_blocks(kv_heads: int, head_dim: int) -> tuple[int, int]:
     block_d = pow2_ceil(head_dim)
     block_h = min(pow2_ceil(kv_heads), max(1, 1024 // block_d))
     return block_h, block_d
+
+
+def attention_splits(rows: int, kv_heads: int, max_len: int, block_n: int) -> tuple[int, int]:
+    """``(splits, keys per split)`` of the keys axis, from shapes only (a captured graph
+    keeps its grid whatever the positions): one split when ``rows * kv_heads`` programs
+    already fill the GPU, else up to ``512 / (rows * kv_heads)`` splits of at least 128
+    keys (a multiple of ``block_n``). Flash-decoding: one row of long context otherwise
+    runs on ``kv_heads`` programs."""
+    n = min(_SPLIT_TARGET_PROGRAMS // max(1, rows * kv_heads), cdiv(max_len, _MIN_SPLIT_KEYS))
+    if n <= 1:
+        return 1, max_len
+    keys = cdiv(cdiv(max_len, n), block_n) * block_n
+    return cdiv(max_len, keys), keys
 
 
 def attention_block_n(head_dim: int) -> int:
@@ -325,10 +428,13 @@ def launch_decode_attention(
     out: torch.Tensor,
     *,
     block_n: int | None = None,
+    splits: tuple[int, int] | None = None,
 ) -> None:
     """Launch the attention on validated tensors (no allocation, no checks, any strides).
 
     ``block_n``: keys per tile, a power of two >= 16 (default :func:`attention_block_n`).
+    ``splits``: ``(splits, keys per split)`` of the keys axis (default
+    :func:`attention_splits`; ``keys * splits >= max_len``, keys a multiple of ``block_n``).
     """
     B, T, heads, head_dim = q.shape
     kv_heads = k_cache.shape[2]
@@ -350,20 +456,51 @@ def launch_decode_attention(
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(),
         positions.data_ptr(), out.data_ptr(),
     )  # fmt: skip
-    aligned = all(p & 15 == 0 for p in ptrs)
+    n_split, split_keys = (
+        splits if splits is not None else attention_splits(B * T, kv_heads, k_cache.shape[1], bn)
+    )
+    split = n_split > 1
+    part_o = part_ml = None
+    if split:
+        # fp32 partials of every (token, KV head, split): at most ~512 programs' worth
+        part_o = torch.empty(B * T * kv_heads * n_split * block_q * block_d, dtype=torch.float32,
+                             device=q.device)  # fmt: skip
+        part_ml = torch.empty(B * T * kv_heads * n_split * 2 * block_q, dtype=torch.float32,
+                              device=q.device)  # fmt: skip
+    all_ptrs = (*ptrs, None if part_o is None else part_o.data_ptr(),
+                None if part_ml is None else part_ml.data_ptr())  # fmt: skip
+    aligned = all(p is None or p & 15 == 0 for p in all_ptrs)
     dev = q.get_device()
     key = (
-        dev, T, group, head_dim, bn, dot_f32, strides, q.dtype, k_cache.dtype, v_cache.dtype,
-        slots.dtype, positions.dtype, out.dtype,
+        dev, T, group, head_dim, bn, dot_f32, split, strides, q.dtype, k_cache.dtype,
+        v_cache.dtype, slots.dtype, positions.dtype, out.dtype,
     )  # fmt: skip
     var = _ATTN_LAUNCHER.lookup(key, aligned)
     _ATTN_LAUNCHER.launch(
-        var, (B * T, kv_heads, 1), key, dev, aligned,
-        lambda: (*ptrs, T, scale, *strides, group, head_dim, dot_f32, block_q, bn, block_d),
+        var, (B * T, kv_heads, n_split), key, dev, aligned,
+        lambda: (*all_ptrs, T, scale, split_keys, *strides, group, head_dim, dot_f32, block_q,
+                 bn, block_d, split),
         lambda g: _decode_attention_kernel[g](
-            q, k_cache, v_cache, slots, positions, out, T, scale, *strides,
-            GROUP=group, HEAD_DIM=head_dim, DOT_F32=dot_f32, BLOCK_Q=block_q,
-            BLOCK_N=bn, BLOCK_D=block_d, num_warps=4,
+            q, k_cache, v_cache, slots, positions, out, part_o, part_ml, T, scale, split_keys,
+            *strides, GROUP=group, HEAD_DIM=head_dim, DOT_F32=dot_f32, BLOCK_Q=block_q,
+            BLOCK_N=bn, BLOCK_D=block_d, SPLIT=split, num_warps=4,
+        ),
+    )  # fmt: skip
+    if not split:
+        return
+    assert part_o is not None and part_ml is not None
+    o_strides = out.stride()
+    cache_dtype = _TL_DTYPES[v_cache.dtype]
+    cptrs = (part_o.data_ptr(), part_ml.data_ptr(), out.data_ptr())
+    caligned = all(p & 15 == 0 for p in cptrs)
+    ckey = (dev, T, group, head_dim, o_strides, v_cache.dtype, out.dtype)
+    cvar = _COMBINE_LAUNCHER.lookup(ckey, caligned)
+    _COMBINE_LAUNCHER.launch(
+        cvar, (B * T, kv_heads, 1), ckey, dev, caligned,
+        lambda: (*cptrs, T, n_split, *o_strides, group, head_dim, block_q, block_d, cache_dtype),
+        lambda g: _attention_combine_kernel[g](
+            part_o, part_ml, out, T, n_split, *o_strides, GROUP=group, HEAD_DIM=head_dim,
+            BLOCK_Q=block_q, BLOCK_D=block_d, CACHE_DTYPE=cache_dtype, num_warps=4,
         ),
     )  # fmt: skip
 
