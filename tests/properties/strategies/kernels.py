@@ -662,3 +662,54 @@ def commit_tensors(case: CommitCase, device: torch.device) -> dict[str, torch.Te
         else torch.tensor(case.track_mask, dtype=torch.bool, device=device),
         "track_token": _idx(case.track_token, device),
     }
+
+
+@attrs.frozen
+class AttentionCase:
+    """Decode / verify attention over a slot pool: ``T`` tokens per row, row ``b`` at
+    positions ``first[b] .. first[b] + T - 1`` of slot ``src[b]`` (``-1``: a pad row,
+    whose ``first`` is garbage), keys cut into ``splits`` (``None``: the default rule)."""
+
+    slots: int
+    src: tuple[int, ...]
+    first: tuple[int, ...]
+    T: int
+    max_len: int
+    kv_heads: int
+    group: int
+    head_dim: int
+    dtype: torch.dtype
+    splits: tuple[int, int] | None
+    seed: int
+
+    @property
+    def bs(self) -> int:
+        return len(self.src)
+
+
+@st.composite
+def attention_cases(draw: st.DrawFn, *, max_bs: int = 3) -> AttentionCase:
+    bs = draw(st.integers(1, max_bs))
+    plan = draw(slot_plans(bs, with_dst=False, with_track=False))
+    T = draw(st.integers(1, 3))
+    max_len = draw(st.integers(T, 40))
+    first = tuple(
+        draw(st.integers(0, max_len - T)) if s >= 0 else draw(st.integers(-5, 10**6))
+        for s in plan.src
+    )
+    keys = draw(st.sampled_from((16, 32)))
+    # the default rule, one pass, or splits of 16 / 32 keys covering max_len
+    splits = draw(st.sampled_from((None, (1, max_len), (-(-max_len // keys), keys))))
+    return AttentionCase(
+        slots=plan.slots,
+        src=plan.src,
+        first=first,
+        T=T,
+        max_len=max_len,
+        kv_heads=draw(st.integers(1, 2)),
+        group=draw(st.sampled_from((1, 3, 5))),
+        head_dim=draw(st.sampled_from((8, 16))),
+        dtype=draw(st.sampled_from((torch.float32, torch.bfloat16))),
+        splits=splits,
+        seed=draw(st.integers(0, 2**31 - 1)),
+    )
