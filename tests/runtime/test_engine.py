@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 import torch
@@ -98,6 +99,36 @@ def test_decode_applies_the_models_dt_floor_as_prefill_does(
         rt = Runtime(floored_dt_model, _opts(num_working=2))
         (f,) = _run(rt, [(_tokens(12, seed=3), 5)])
     assert float(_cold_kl(floored_dt_model, f).max()) <= KL_FP32
+
+
+def test_steady_decode_reuses_its_host_plan(
+    tiny_model: NemotronH, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A decode step whose rows (slots) are the previous one's and that saves no track
+    reuses that step's host plan; a change of rows or a track save plans again. The
+    tokens still equal a cold recompute (a stale plan would put a row on another slot)."""
+    import hybridmeta.runtime.engine as engine
+
+    decode_plans: list[int] = []
+    real = engine.plan_host
+
+    def counting(**kw: Any) -> Any:
+        if kw["num_decodes"]:
+            decode_plans.append(kw["num_decodes"])
+        return real(**kw)
+
+    monkeypatch.setattr(engine, "plan_host", counting)
+    rt = Runtime(tiny_model, _opts(num_working=2))
+    rids = [rt.submit(_tokens(5, seed=11), 20), rt.submit(_tokens(9, seed=12), 6)]
+    steps: list[int] = []
+    done = rt.run(on_step=lambda st: steps.append(st.decode_rows))
+    decode_steps = sum(1 for n in steps if n)
+    # planned: the first decode step, the step after the second request finished (one row
+    # left), each step saving a track (boundary 16) and the step after it
+    assert decode_plans[:1] == [2] and 1 in decode_plans
+    assert len(decode_plans) <= 6 < decode_steps, (decode_plans, steps)
+    for r in rids:
+        assert float(_cold_kl(tiny_model, done[r]).max()) <= KL_FP32
 
 
 GRAPH_ATOL = 5e-5

@@ -3,7 +3,7 @@
 At one row a projection reads its ``N x K`` weight once and does almost no arithmetic.
 cuBLAS picks split-K tilings for most of Nemotron-Nano-9B-v2's projections at one row
 (a GEMM kernel, a reduce kernel and often a memset: three launches where one would do)
-and reaches 70-92% of the copy ceiling (``benchmarks/bench_gemv.py``). The kernel here
+and reaches 24-92% of the copy ceiling (``benchmarks/bench_gemv.py``). The kernel here
 gives each program ``BLOCK_N`` whole weight rows, streams them in ``BLOCK_K`` columns with
 every load issued before the products (fp32 accumulation, one rounding at the end), and
 launches ``N / BLOCK_N`` programs: many small programs, so the last wave is short.
