@@ -108,9 +108,9 @@ def test_steady_decode_reuses_its_host_plan(
     reuses that step's host plan; a change of rows or a track save plans again. The
     tokens still equal a cold recompute (a stale plan would put a row on another slot)."""
     import hybridmeta.runtime.engine as engine
+    from hybridmeta.planner import plan_host as real
 
     decode_plans: list[int] = []
-    real = engine.plan_host
 
     def counting(**kw: Any) -> Any:
         if kw["num_decodes"]:
