@@ -16,51 +16,14 @@ import datetime
 import json
 import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 import triton
+from graph_timing import copy_tbps, graph_per_call_us  # type: ignore[import-not-found, unused-ignore]
 
 from hybridmeta.kernels.attention_decode import attention_splits, launch_decode_attention
-
-
-def per_call_us(fn: Callable[[], None], reps: int = 20) -> float:
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(11):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / reps)
-    return sorted(times)[len(times) // 2]
-
-
-def copy_tbps() -> float:
-    a = torch.empty(2**30, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    b.copy_(a)
-    torch.cuda.synchronize()
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    e0.record()
-    for _ in range(10):
-        b.copy_(a)
-    e1.record()
-    torch.cuda.synchronize()
-    return 2 * a.numel() * 10 / (e0.elapsed_time(e1) * 1e-3) / 1e12
 
 
 def measure(ctx: int, B: int, ceiling: float) -> dict[str, Any]:
@@ -80,10 +43,10 @@ def measure(ctx: int, B: int, ceiling: float) -> dict[str, Any]:
     variants: dict[str, tuple[int, int] | None] = {"default": None, "one_pass": (1, m)}
     for name, sp in variants.items():
 
-        def call(sp: tuple[int, int] | None = sp) -> None:
+        def call(_: int, sp: tuple[int, int] | None = sp) -> None:
             launch_decode_attention(q, kc, vc, slots, pos, hd**-0.5, out, splits=sp)
 
-        us = per_call_us(call)
+        us = graph_per_call_us(call)
         row[name] = {"us": us, "frac_copy": nbytes / (us * 1e-6) / 1e12 / ceiling}
     print(f"ctx {ctx:5d} B {B:3d} splits {split[0]:2d}x{split[1]:4d}: default "
           f"{row['default']['us']:7.1f} us ({row['default']['frac_copy']:.0%}) | one pass "

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from graph_timing import copy_tbps, graph_per_call_us  # type: ignore[import-not-found, unused-ignore]
 
 from hybridmeta.kernels.linear import launch_gemv
 
@@ -99,32 +100,6 @@ def triton_gemv(block_n: int, block_k: int, warps: int, stages: int) -> Callable
     return run
 
 
-def per_call_us(fn: Callable[[int], None], copies: int, reps: int = 20) -> float:
-    """Median time per call of ``reps`` calls captured in one graph (rotating copies)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for i in range(copies):
-            fn(i)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(reps):
-            fn(i % copies)
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(15):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / reps)
-    times.sort()
-    return times[len(times) // 2]
-
-
 def kernels_per_call(fn: Callable[[], None]) -> tuple[float, list[str]]:
     from torch.profiler import ProfilerActivity, profile
 
@@ -137,21 +112,6 @@ def kernels_per_call(fn: Callable[[], None]) -> tuple[float, list[str]]:
     ks = [e.name for e in prof.events()
           if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA]  # fmt: skip
     return len(ks) / 4, sorted({k[:60] for k in ks})
-
-
-def copy_tbps() -> float:
-    a = torch.empty(2**30, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    for _ in range(3):
-        b.copy_(a)
-    torch.cuda.synchronize()
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    e0.record()
-    for _ in range(10):
-        b.copy_(a)
-    e1.record()
-    torch.cuda.synchronize()
-    return 2 * a.numel() * 10 / (e0.elapsed_time(e1) * 1e-3) / 1e12
 
 
 def measure(
@@ -175,7 +135,7 @@ def measure(
 
         for lib in ("cublas", "cublaslt"):
             torch.backends.cuda.preferred_blas_library(lib)
-            us = per_call_us(mm, copies)
+            us = graph_per_call_us(mm, copies)
             nk, names = kernels_per_call(lambda mm=mm: mm(0))
             row[lib] = {"us": us, "frac_copy": row["floor_us"] / us, "kernels": nk,
                         "names": names}  # fmt: skip
@@ -191,7 +151,7 @@ def measure(
                          y: torch.Tensor = y) -> None:  # fmt: skip
                     fn(x, ws[i], y)
 
-                us = per_call_us(call, copies)
+                us = graph_per_call_us(call, copies)
                 row[cname] = {"us": us, "frac_copy": row["floor_us"] / us, "max_err": err}
             except Exception as e:  # a tiling that does not compile: record it
                 row[cname] = {"error": repr(e)[:300]}

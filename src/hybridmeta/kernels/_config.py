@@ -11,6 +11,10 @@ import functools
 
 import attrs
 import torch
+import triton.language as tl
+
+#: The Triton dtype of a torch float dtype (a kernel's constexpr cast target).
+TL_DTYPE = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
 @attrs.frozen

@@ -48,7 +48,7 @@ import triton
 import triton.language as tl
 
 from hybridmeta.debug import is_debug
-from hybridmeta.kernels._config import cdiv, pow2_ceil
+from hybridmeta.kernels._config import TL_DTYPE, cdiv, pow2_ceil
 from hybridmeta.kernels._dispatch import Impl, _interpreting, no_output_fake, observed, resolve
 from hybridmeta.kernels._launch import DirectLauncher
 from hybridmeta.kernels._validate import (
@@ -350,7 +350,6 @@ def _attention_combine_kernel(
 _WRITE_LAUNCHER = DirectLauncher(_kv_cache_write_kernel)
 _ATTN_LAUNCHER = DirectLauncher(_decode_attention_kernel)
 _COMBINE_LAUNCHER = DirectLauncher(_attention_combine_kernel)
-_TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 #: Programs a split launch aims at (about four per SM of an H100 / H200)
 _SPLIT_TARGET_PROGRAMS = 512
 #: Fewest keys a split takes (below it a split's fixed cost dominates)
@@ -490,7 +489,7 @@ def launch_decode_attention(
         return
     assert part_o is not None and part_ml is not None
     o_strides = out.stride()
-    cache_dtype = _TL_DTYPES[v_cache.dtype]
+    cache_dtype = TL_DTYPE[v_cache.dtype]
     cptrs = (part_o.data_ptr(), part_ml.data_ptr(), out.data_ptr())
     caligned = all(p & 15 == 0 for p in cptrs)
     ckey = (dev, T, group, head_dim, o_strides, v_cache.dtype, out.dtype)

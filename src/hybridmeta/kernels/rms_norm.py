@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hybridmeta.kernels._config import pow2_ceil
+from hybridmeta.kernels._config import TL_DTYPE, pow2_ceil
 from hybridmeta.kernels._dispatch import Impl, no_output_fake, observed, resolve
 from hybridmeta.kernels._launch import DirectLauncher
 from hybridmeta.kernels._validate import FLOAT_DTYPES, check_tensor
@@ -104,7 +104,6 @@ def _gated_rms_norm_kernel(
     tl.store(out_ptr + i_t * stride_o + o_c, b_o.to(out_ptr.dtype.element_ty), mask=m_c)
 
 
-_TL_DTYPE = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 _NORM_LAUNCHER = DirectLauncher(_add_rms_norm_kernel)
 _GATED_LAUNCHER = DirectLauncher(_gated_rms_norm_kernel)
 
@@ -171,8 +170,8 @@ def launch_gated_rms_norm(
     groups = width // group_size
     block = pow2_ceil(group_size)
     warps = _norm_warps(block)
-    norm_dtype = _TL_DTYPE[y.dtype]
-    product_dtype = _TL_DTYPE[torch.promote_types(weight.dtype, y.dtype)]
+    norm_dtype = TL_DTYPE[y.dtype]
+    product_dtype = TL_DTYPE[torch.promote_types(weight.dtype, y.dtype)]
     strides = (y.stride(0), z.stride(0), out.stride(0))
     ptrs = (y.data_ptr(), z.data_ptr(), weight.data_ptr(), out.data_ptr())
     aligned = all(p & 15 == 0 for p in ptrs)
