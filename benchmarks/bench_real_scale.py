@@ -6,11 +6,14 @@ Builds the model with ``transformers`` (``NemotronHConfig`` + ``from_config`` un
 and measures, in one run:
 
 * the copy ceiling (1 GiB device-to-device) and the weight-read floor of a decode step
-  (bytes of all weights / ceiling);
+  (bytes of all weights / ceiling), and per batch size the step floor (weights, plus each
+  row's SSM / conv state read and written and its KV read, at the ceiling);
 * the runtime's decode step (``Runtime`` with captured ``DecodeGraphs``, ``--kernels``
-  Triton by default) at bs 1 and 16: wall time per decode-only step (host included, one
-  sync per step), the replay of the captured step alone (CUDA events), the kernels of one
-  step and their summed GPU time (``torch.profiler``, graph replay and eager);
+  Triton by default) at bs 1 and 16: wall time per decode-only step (host included), with
+  steps overlapped (the runtime's default) and synchronous (each step waits for its own
+  tokens), the host time of each piece of a step, the replay of the captured step alone
+  (CUDA events), the kernels of one step and their summed GPU time (``torch.profiler``,
+  graph replay and eager);
 * prefill tokens/s of the runtime (one prompt of ``--prefill-len`` tokens, and 16 rows);
 * decode tokens/s of ``transformers``' ``generate`` on the same model (bs 1 and 16), from
   two runs that differ only in the number of new tokens.
@@ -27,6 +30,7 @@ import contextlib
 import datetime
 import gc
 import json
+import math
 import os
 import shutil
 import statistics
@@ -36,6 +40,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import torch
 
 import hybridmeta
@@ -43,6 +48,7 @@ from hybridmeta.kernels import implementation
 from hybridmeta.model import ForwardMetadata, prepare_decode
 from hybridmeta.runtime import Runtime, RuntimeOptions, load_nemotron_h
 from hybridmeta.runtime.config import NemotronHConfig as RuntimeConfig
+from hybridmeta.runtime.state import StatePool
 
 PATTERN = "M-M-M-MM-M-M-M*-M-M-M*-M-M-M-M*-M-M-M-M*-M-MM-M-M-M-M-M-"
 
@@ -181,6 +187,22 @@ def run_requests(rt: Runtime, prompts: list[list[int]], new_tokens: int) -> dict
     return out
 
 
+def step_floor(pool: StatePool, bs: int, context: int, weight_bytes_: int, tbps: float) -> dict[str, float]:
+    """The bytes a decode step of ``bs`` rows at position ``context`` must move, and their
+    time at the copy ceiling: the weights once, each row's SSM and conv state read and
+    written once, and its attention K and V read over ``context + 1`` positions (plus the
+    new position written)."""
+    layers_m, _, *ssm_row = pool.ssm.shape
+    _, _, *conv_row = pool.conv.shape
+    layers_a, _, _, kvh, hd = pool.k.shape
+    ssm = 2 * layers_m * math.prod(ssm_row) * pool.ssm.element_size()
+    conv = 2 * layers_m * math.prod(conv_row) * pool.conv.element_size()
+    kv = 2 * layers_a * (context + 2) * kvh * hd * pool.k.element_size()
+    total = weight_bytes_ + bs * (ssm + conv + kv)
+    return {"bytes": total, "state_bytes_per_row": ssm + conv, "kv_bytes_per_row": kv,
+            "floor_ms": total / tbps / 1e9}  # fmt: skip
+
+
 @contextlib.contextmanager
 def host_breakdown(rt: Runtime) -> Iterator[dict[str, list[float]]]:
     """Host seconds of the decode step's pieces (the runtime's plan, the packed
@@ -193,7 +215,7 @@ def host_breakdown(rt: Runtime) -> Iterator[dict[str, list[float]]]:
     targets: list[tuple[Any, str, str]] = [
         (rt, "_plan", "plan"), (engine, "to_device_packed", "pack"),
         (rt.graphs.runner.buffers, "refresh", "refresh"), (rt.graphs, "run", "graphs.run"),
-        (rt, "_sample", "sample"),
+        (rt, "_sample", "sample"), (rt, "_keep", "keep"), (rt, "_land", "land"),
     ]  # fmt: skip
     saved = []
     for obj, name, label in targets:
@@ -393,8 +415,9 @@ def _main(args: argparse.Namespace) -> None:
     rt = Runtime(model, RuntimeOptions(
         num_working=rows, num_track=rows, max_len=prefill_len + args.new_tokens + 8,
         track_interval=cfg.chunk_size, max_prefill_tokens=max(prefill_len, rows * 128),
-        use_graphs=True, max_decode_bs=rows, use_prefix_cache=False, sync_timing=True,
+        use_graphs=True, max_decode_bs=rows, use_prefix_cache=False,
     ))  # fmt: skip
+    overlapped = rt.options
     _sync(dev)
     res["runtime_init_s"] = time.perf_counter() - t0  # includes capturing every bucket
     floor = res["weights"]["read_floor_ms"]
@@ -409,15 +432,26 @@ def _main(args: argparse.Namespace) -> None:
     steps: dict[str, Any] = {}
     for bs in (1, rows):
         plen = prefill_len if bs == 1 else min(128, prefill_len)
+        # decode steps overlapped (the runtime's default: each step's host work runs while
+        # the previous step's forward runs), then the same requests with every step waiting
+        # for its own tokens
+        before = rt.overlapped_steps
         r = run_requests(rt, [_prompt(plen, cfg.vocab_size, 10 + b) for b in range(bs)],
                          args.new_tokens)  # fmt: skip
-        # the same requests again, timing the host pieces of each step (median us); the
-        # figures above come from the run without the timers
-        with host_breakdown(rt) as times:
-            run_requests(rt, [_prompt(plen, cfg.vocab_size, 10 + b) for b in range(bs)],
-                         args.new_tokens)  # fmt: skip
-        r["host_us_median"] = {k: statistics.median(v) * 1e6 for k, v in times.items()}
-        print("host pieces (us)", {k: round(v, 1) for k, v in r["host_us_median"].items()})
+        r["overlapped_steps"] = rt.overlapped_steps - before
+        rt.options = attrs.evolve(overlapped, overlap_decode=False)
+        sync = run_requests(rt, [_prompt(plen, cfg.vocab_size, 10 + b) for b in range(bs)],
+                            args.new_tokens)  # fmt: skip
+        r["synchronous"] = {k: v for k, v in sync.items() if k != "prefill_steps"}
+        # the same requests again, timing the host pieces of each step (median us), once
+        # each way; the figures above come from the runs without the timers
+        for name, opts in (("host_us_median_sync", rt.options), ("host_us_median", overlapped)):
+            rt.options = opts
+            with host_breakdown(rt) as times:
+                run_requests(rt, [_prompt(plen, cfg.vocab_size, 10 + b) for b in range(bs)],
+                             args.new_tokens)  # fmt: skip
+            r[name] = {k: statistics.median(v) * 1e6 for k, v in times.items()}
+            print(name, {k: round(v, 1) for k, v in r[name].items()})
         # replayed at the decode steps' own context (the prompt's length), and at position
         # 3 (attention over 4 keys: the step without its context)
         ctx = plen + args.new_tokens // 2
@@ -426,9 +460,15 @@ def _main(args: argparse.Namespace) -> None:
         r["replay_pos3_ms"] = replay_ms(rt, bs, 20, 3)["replay_ms"]
         assert rt.graphs is not None
         r["graph_profile"] = profile_step(make_replay(rt, bs, ctx), dev, 3)
+        r["step_floor"] = step_floor(rt.pool, bs, ctx, wb, res["copy_ceiling"]["tbps"])
+        sfloor = r["step_floor"]["floor_ms"]
         if "decode_step_wall_ms" in r:
             r["wall_over_floor"] = r["decode_step_wall_ms"] / floor
+            r["wall_over_step_floor"] = r["decode_step_wall_ms"] / sfloor
+        if "decode_step_wall_ms" in r["synchronous"]:
+            r["synchronous"]["wall_over_floor"] = r["synchronous"]["decode_step_wall_ms"] / floor
         r["replay_over_floor"] = r["replay_ms"] / floor
+        r["replay_over_step_floor"] = r["replay_ms"] / sfloor
         steps[f"bs{bs}"] = r
         for k in r["graph_profile"]["top_kernels_by_time"][:15]:
             print(f"  {k['us_per_step']:9.1f} us  x{k['per_step']:5.1f}  {k['name'][:90]}")

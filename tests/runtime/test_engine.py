@@ -248,3 +248,58 @@ def test_identical_prompts_in_one_step_share_one_track_slot(tiny_model: Nemotron
     assert len(rt.cache.slots.used) == len(rt.cache)  # no leaked track slot
     assert rt.working.num_free == rt.options.num_working
     assert float(_cold_kl(tiny_model, a).max()) <= KL_FP32
+
+
+def _overlap_workload(rt: Runtime) -> list[Finished]:
+    """Rows that start, finish and cross decode-made track boundaries at different steps,
+    one teacher-forced row beside greedy ones, a request arriving mid-decode, then hits on
+    the boundaries decode made."""
+    a, b, c = _tokens(13, seed=31), _tokens(5, seed=32), _tokens(9, seed=33)
+    rids = [rt.submit(a, 30), rt.submit(b, 7, forced=_tokens(7, seed=34))]
+    for _ in range(6):
+        rt.step()
+    rids.append(rt.submit(c, 12))
+    done = rt.run()
+    first = [done[r] for r in rids]
+    # decode made boundaries 32 and 16 of the first request (13 + 30 tokens)
+    return first + _run(rt, [([*first[0].tokens[:33], 4], 3), ([*first[0].tokens[:17], 5], 3)])
+
+
+def test_overlapped_decode_equals_the_synchronous_loop(tiny_model: NemotronH) -> None:
+    """Feeding a step's tokens to the next step on the device gives the synchronous loop's
+    tokens, log-probabilities and cache hits, exactly."""
+    sync_rt = Runtime(tiny_model, _opts(overlap_decode=False))
+    over_rt = Runtime(tiny_model, _opts())
+    sync, over = _overlap_workload(sync_rt), _overlap_workload(over_rt)
+    assert sync_rt.overlapped_steps == 0
+    # most of its ~35 decode steps overlap (23 on this workload): all but those that save
+    # a track, follow a prefill or a step that finished a row
+    assert over_rt.overlapped_steps >= 20, over_rt.overlapped_steps
+    assert [f.cached_tokens for f in over[3:]] == [32, 16]
+    for s, o in zip(sync, over, strict=True):
+        assert o.output == s.output
+        assert torch.equal(o.logprobs, s.logprobs)
+    assert over[1].output == tuple(_tokens(7, seed=34))  # the forced row kept its tokens
+    for f in over:
+        assert float(_cold_kl(tiny_model, f).max()) <= KL_FP32
+
+
+def test_overlapped_decode_tokens_land_before_the_host_needs_them(tiny_model: NemotronH) -> None:
+    """Between overlapped steps a request lags one token; a step that saves a track, a
+    finished request and a new prefill row see every token."""
+    rt = Runtime(tiny_model, _opts(num_working=1, max_decode_bs=1))
+    rid = rt.submit(_tokens(14, seed=35), 6)
+    rt.step()  # prefill and the first token (a mixed step samples on the host)
+    (req,) = rt._running
+    assert len(req.tokens) == 15
+    rt.step()  # decodes token 15: the second output stays on the device
+    assert len(req.tokens) == 15 and rt._pending is not None
+    rt.step()  # decodes token 16, a track boundary: its key needs the second output first
+    assert rt.overlapped_steps == 0 and len(req.tokens) == 16
+    assert tuple(req.tokens[:16]) in rt.cache
+    rt.step()  # decodes token 17 from the device, then lands the third output
+    assert rt.overlapped_steps == 1 and len(req.tokens) == 17
+    done = rt.run()
+    assert rt._pending is None
+    assert len(done[rid].output) == 6
+    assert float(_cold_kl(tiny_model, done[rid]).max()) <= KL_FP32

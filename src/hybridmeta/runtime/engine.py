@@ -28,6 +28,12 @@ plain decoding would produce; a step just yields up to ``spec_tokens + 1`` of th
 
 All plans are computed from host-side data (lengths, slots, token lists) of the step's own
 inputs. The only device-to-host transfer is the step's sampled tokens, once per step.
+
+Decode steps overlap (``RuntimeOptions.overlap_decode``): a decode-only step after which
+every row keeps decoding samples on the device and starts the copy of its tokens; the next
+step, when it decodes the same rows and saves no track, takes those tokens as its input
+ids on the device, plans, stages and launches its forward, and only then waits for them.
+The host's work for a step thus runs while the previous step's forward runs on the GPU.
 """
 
 from __future__ import annotations
@@ -80,7 +86,7 @@ class RuntimeOptions:
         Look up and save track boundaries (off: every request is a cold recompute).
     sync_timing : bool
         Synchronise the device around decode so ``decode_seconds`` is exact (benchmarks
-        only; it adds two host syncs per step).
+        only; it adds two host syncs per step and turns ``overlap_decode`` off).
     spec_tokens : int
         Speculative decoding: draft up to this many tokens per decode row and step from
         the row's own history (n-gram prompt lookup) and verify them in one forward of up
@@ -88,6 +94,15 @@ class RuntimeOptions:
         At most ``track_interval - 1`` (a verify then crosses at most one boundary).
     spec_ngram : int
         Longest suffix (in tokens) the drafter looks up; shorter ones are tried after it.
+    overlap_decode : bool
+        Overlap each decode step's host work with the previous step's forward (default).
+        A decode-only step after which every row keeps decoding leaves its sampled tokens
+        on the device; the next step, when it decodes the same rows and saves no track,
+        feeds them to its forward from there, launches it, and only then waits for them
+        (one device-to-host copy, as before). Tokens, log-probabilities and the prefix
+        cache are those of the synchronous loop; between two such steps a request's
+        ``tokens`` lack the last one (finished requests are always complete). Ignored
+        with ``sync_timing`` and with speculative decoding.
 
     Which implementation the Mamba2 ops run (Triton or their references) is the op calls'
     business (:func:`hybridmeta.kernels.implementation`), not the runtime's.
@@ -104,6 +119,7 @@ class RuntimeOptions:
     sync_timing: bool = False
     spec_tokens: int = 0
     spec_ngram: int = 3
+    overlap_decode: bool = True
 
 
 @attrs.define(eq=False)
@@ -171,6 +187,22 @@ class _Verified:
     seq_lens: list[int]
     # row -> (cache key, reserved track slot, boundary)
     tracked: dict[int, tuple[tuple[int, ...], int, int]]
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class _PendingTokens:
+    """A decode step's sampled tokens, still on the device (see ``overlap_decode``).
+
+    ``choice`` (``[R]`` int64 on the device: the argmax, or the forced token) is the next
+    step's ``input_ids``; ``host`` is its copy in page-locked memory, valid once ``ready``
+    has completed (``None``: already valid, a CPU device).
+    """
+
+    reqs: list[Request]
+    logprobs: torch.Tensor
+    choice: torch.Tensor
+    host: torch.Tensor
+    ready: torch.cuda.Event | None
 
 
 class Runtime:
@@ -241,6 +273,10 @@ class Runtime:
         # slots: such a plan does not depend on the rows' positions, so the next step with
         # the same rows reuses it instead of planning again (steady decode).
         self._decode_plan: tuple[tuple[int, ...], MixedHostPlan] | None = None
+        # The last decode step's tokens while they are still on the device.
+        self._pending: _PendingTokens | None = None
+        self.overlapped_steps = 0
+        self._decode_t0 = 0.0
         self.finished: dict[int, Finished] = {}
         self._next_rid = 0
         self.decode_tokens = 0
@@ -379,6 +415,13 @@ class Runtime:
             rows.append((req, start, take))
         # rows were taken from prefilling requests only, so none of them is here
         dec_reqs = [r for r in self._running if not r.prefilling]
+        # the last step's tokens, if they are still on the device: this step feeds them
+        # to its forward there only if it decodes exactly those rows and saves no track
+        # (a track's cache key holds them); otherwise they are needed on the host now
+        pending, self._pending = self._pending, None
+        if pending is not None and (rows or not self._chains(pending, dec_reqs)):
+            self._land(pending)
+            pending = None
 
         sample_reqs: list[Request] = []
         sample_logits: list[torch.Tensor] = []
@@ -398,8 +441,20 @@ class Runtime:
             if dec_reqs and self.options.spec_tokens:
                 verified = self._verify(dec_reqs)
             elif dec_reqs:
-                self._decode(dec_reqs, sample_reqs, sample_logits, commits)
-            self._sample(sample_reqs, sample_logits, verified, commits)
+                self._decode(dec_reqs, sample_reqs, sample_logits, commits, pending)
+            if pending is not None:
+                # this step's forward is queued: only now wait for the last step's tokens
+                self._land(pending)
+                self.overlapped_steps += 1
+            if verified is None and not rows and self._defers(dec_reqs):
+                self._pending = self._keep(sample_reqs, sample_logits)
+            else:
+                self._sample(sample_reqs, sample_logits, verified, commits)
+            if dec_reqs and verified is None and self._overlaps():
+                # from this step's plan to its sampled tokens (or the last step's, when
+                # this step leaves its own on the device): in a run of overlapped steps,
+                # the wall time per step
+                self.decode_seconds += time.perf_counter() - self._decode_t0
         for key, slot in commits:
             self.cache.commit(key, slot)
         self.cache.end_step()
@@ -469,6 +524,58 @@ class Runtime:
             self.pool.copy_kv(views["kv_src"], views["kv_dst"])
         return logits
 
+    def _overlaps(self) -> bool:
+        opts = self.options
+        return opts.overlap_decode and not opts.sync_timing and not opts.spec_tokens
+
+    def _defers(self, reqs: list[Request]) -> bool:
+        """Whether a decode-only step leaves its tokens on the device: overlap is on and
+        every row keeps decoding after this token (a finishing row's tokens are needed on
+        the host to retire it this step)."""
+        return (
+            self._overlaps()
+            and bool(reqs)
+            and all(r.num_generated + 1 < r.max_new_tokens for r in reqs)
+        )
+
+    def _chains(self, pending: _PendingTokens, reqs: list[Request]) -> bool:
+        """Whether a decode-only step of ``reqs`` can take ``pending``'s tokens as its
+        inputs on the device: the same rows, in the same order, and no track saved (its
+        cache key would hold the pending tokens)."""
+        if len(reqs) != len(pending.reqs) or any(
+            a is not b for a, b in zip(reqs, pending.reqs, strict=True)
+        ):
+            return False
+        if not self.options.use_prefix_cache:
+            return True
+        interval = self.options.track_interval
+        return all((r.num_computed + 1) % interval for r in reqs)
+
+    def _keep(self, reqs: list[Request], logprobs: list[torch.Tensor]) -> _PendingTokens:
+        """Sample a decode step's tokens on the device and start their copy to the host."""
+        (logp,) = logprobs
+        choice = logp.argmax(-1)
+        if any(r.forced is not None for r in reqs):
+            forced = [r.forced[r.num_generated] if r.forced is not None else -1 for r in reqs]
+            fixed = self._index(forced)
+            choice = torch.where(fixed >= 0, fixed, choice)
+        if self.device.type != "cuda":
+            return _PendingTokens(reqs=reqs, logprobs=logp, choice=choice, host=choice, ready=None)
+        host = torch.empty(choice.shape, dtype=choice.dtype, pin_memory=True)
+        host.copy_(choice, non_blocking=True)
+        ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        ready.record()
+        return _PendingTokens(reqs=reqs, logprobs=logp, choice=choice, host=host, ready=ready)
+
+    def _land(self, pending: _PendingTokens) -> None:
+        """Wait for a decode step's tokens and append them to their requests."""
+        if pending.ready is not None:
+            pending.ready.synchronize()
+        tokens: list[int] = pending.host.tolist()
+        for i, req in enumerate(pending.reqs):
+            req.logprobs.append(pending.logprobs[i])
+            req.tokens.append(tokens[i])
+
     @staticmethod
     def _kv_copy_arrays(
         slots: Sequence[int], tracks: Sequence[tuple[int, int]]
@@ -488,12 +595,15 @@ class Runtime:
         sample_reqs: list[Request],
         sample_logits: list[torch.Tensor],
         commits: list[tuple[tuple[int, ...], int]],
+        pending: _PendingTokens | None = None,
     ) -> None:
         """Decode rows: one token each, through the captured step (or eagerly).
 
         A row whose length reaches a multiple of the interval with this token reserves a
         track slot; the planner flags it in ``mamba_track_mask`` and the step's track-save
         stores its Mamba state there; its attention KV row is copied after the step.
+        With ``pending`` (the last step's tokens, still on the device, of the same rows),
+        those are the input ids and the step never waits for the device.
         """
         interval = self.options.track_interval
         slots: list[int] = []
@@ -509,7 +619,7 @@ class Runtime:
                     commits.append((key, slot))
                     tracks.append((i, slot))
         self._sync()
-        td = time.perf_counter()
+        td = self._decode_t0 = time.perf_counter()
         pos_host = [r.num_computed for r in reqs]
         key = tuple(slots)
         cached = self._decode_plan
@@ -519,16 +629,20 @@ class Runtime:
             hp = self._plan(pos_host, [1] * len(reqs), slots, tracks, num_decodes=len(reqs))
             self._decode_plan = None if tracks else (key, hp)
         # one host-to-device copy for the metadata and the per-row inputs
+        host_ids = {} if pending is not None else {
+            "input_ids": np.asarray([r.tokens[r.num_computed] for r in reqs])
+        }  # fmt: skip
         views = to_device_packed(
             {
                 **hp.arrays,
-                "input_ids": np.asarray([r.tokens[r.num_computed] for r in reqs]),
+                **host_ids,
                 "positions": np.asarray(pos_host),
                 **self._kv_copy_arrays(slots, tracks),
             },
             self.device,
         )
-        ids, pos = views["input_ids"], views["positions"]
+        ids = pending.choice if pending is not None else views["input_ids"]
+        pos = views["positions"]
         if self.graphs is not None:
             logits = self.graphs.run(hp.forward(views), ids, pos)
         else:
@@ -540,8 +654,10 @@ class Runtime:
         self.decode_tokens += len(reqs)
         for r in reqs:
             r.num_computed += 1
-        self._sync()
-        self.decode_seconds += time.perf_counter() - td
+        if not self._overlaps():
+            # overlapped, the step counts its decode time once its tokens are sampled
+            self._sync()
+            self.decode_seconds += time.perf_counter() - td
 
     def _verify(self, reqs: list[Request]) -> _Verified:
         """Decode rows, speculatively: draft, verify, accept and commit on the device.

@@ -12,7 +12,8 @@ __all__ = ["runtime_options", "token_lists"]
 @st.composite
 def runtime_options(draw: st.DrawFn, *, chunk_size: int = 8, max_len: int = 80) -> RuntimeOptions:
     """Small runtimes: 1-3 working slots (slot pressure), 1-4 track slots (evictions),
-    track intervals of 1-2 chunks, prefill budgets of 1-3 intervals, graphs on or off
+    track intervals of 1-2 chunks, prefill budgets of 1-3 intervals, graphs on or off,
+    decode overlap on or off
     (the Mamba2 ops run their references on the CPU; the Triton kernels are left to the
     example tests: the interpreter is too slow for many examples)."""
     interval = chunk_size * draw(st.integers(1, 2))
@@ -25,6 +26,7 @@ def runtime_options(draw: st.DrawFn, *, chunk_size: int = 8, max_len: int = 80) 
         max_prefill_tokens=interval * draw(st.integers(1, 3)),
         use_graphs=draw(st.booleans()),
         max_decode_bs=working,
+        overlap_decode=draw(st.booleans()),
     )
 
 
