@@ -191,10 +191,11 @@ class SkinnyRule:
 #: Which projections of 2..16 rows take the skinny GEMM (first match wins; none: cuBLAS).
 #: Conservative until a sweep says more: 16 rows of the wide projections fed by the
 #: 4,480-wide hidden state (Nano's Mamba in_proj 22656 x 4480 and MLP up_proj 15680 x
-#: 4480), where a 32 x 128 ``tl.dot`` tiling measured 51.8 / 36.6 us against cuBLAS's
-#: 55.1 / 37.5 us on the H200 (prototype in ``bench_gemv.py``, run 6). Other row counts and
-#: shapes were not measured; ``benchmarks/bench_gemv.py`` prints the winner per projection
-#: and row count to set this from.
+#: 4480), where a prototype of this kernel's ``x W^T`` tiling (32 x 128, 4 warps, 3 stages;
+#: no bias or relu2) measured 51.8 / 36.6 us against cuBLAS's 55.1 / 37.5 us on the H200
+#: (``gemv_h200.json``, run 6). This kernel itself, other row counts and other shapes were
+#: not measured; ``benchmarks/bench_gemv.py`` prints the winner per projection and row
+#: count to set this from.
 SKINNY_RULES: tuple[SkinnyRule, ...] = (
     SkinnyRule(SkinnyConfig(32, 128, 4, 3), rows=(16, 16), n=(12288, 2**62), k=(1, 5120)),
 )
