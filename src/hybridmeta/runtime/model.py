@@ -79,7 +79,8 @@ def _unpad_rows(padded: torch.Tensor, plan: AttentionPlan) -> torch.Tensor:
 
 class Linear(nn.Linear):
     """``nn.Linear`` through :func:`hybridmeta.kernels.linear`: on the GPU a one-row input
-    (the decode step of one row) runs the GEMV kernel, anything else ``F.linear``."""
+    (the decode step of one row) runs the GEMV kernel, 2 to 16 rows the skinny GEMM where
+    its rule (``kernels.linear.skinny_blocks``) says so, anything else ``F.linear``."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return kernels.linear(x, self.weight, self.bias)
@@ -122,8 +123,8 @@ class Relu2MLP(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # relu and square inside the down projection: at one row the GEMV applies them as
-        # it loads its input, at more rows one relu_square kernel runs before cuBLAS
+        # relu and square inside the down projection: the GEMV (one row) and the skinny
+        # GEMM apply them as they load the input; before cuBLAS one relu_square kernel runs
         down = self.down_proj
         out: torch.Tensor = kernels.linear(
             self.up_proj(x), down.weight, down.bias, input_activation="relu2"
