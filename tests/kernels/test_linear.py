@@ -250,13 +250,16 @@ def test_a_new_row_count_compiles_nothing(
     assert all(c == counts[0] for c in counts), f"compiled variants per row count: {counts}"
 
 
-def test_the_rule_is_conservative_and_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The default: 16 rows of Nano's in_proj and up_proj (where the prototype measured a
-    # win); every other row count and shape, and the tiny test models, run cuBLAS.
-    assert skinny_blocks(16, 22656, 4480) == SkinnyConfig(32, 128, 4, 3)
-    assert skinny_blocks(16, 15680, 4480) == SkinnyConfig(32, 128, 4, 3)
+def test_the_rule_is_the_sweeps_and_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The default (H200 sweep): 2-16 rows of Nano's in_proj and up_proj take 64 x 128
+    # W x^T tiles; one row, more than 16, the K-heavy and the narrow projections, and the
+    # tiny test models, run the GEMV or cuBLAS.
+    wide = SkinnyConfig(64, 128, 4, 3, swap_ab=True)
+    for m in (2, 4, 9, 16):
+        assert skinny_blocks(m, 22656, 4480) == wide
+        assert skinny_blocks(m, 15680, 4480) == wide
     for m, n, k in [
-        (15, 22656, 4480), (8, 22656, 4480), (1, 22656, 4480), (17, 22656, 4480),
+        (1, 22656, 4480), (17, 22656, 4480),
         (16, 4480, 15680), (16, 4480, 10240), (16, 5120, 4480), (16, 1024, 4480),
         (2, 64, 32), (16, 64, 32),
     ]:  # fmt: skip

@@ -189,15 +189,18 @@ class SkinnyRule:
 
 
 #: Which projections of 2..16 rows take the skinny GEMM (first match wins; none: cuBLAS).
-#: Conservative until a sweep says more: 16 rows of the wide projections fed by the
-#: 4,480-wide hidden state (Nano's Mamba in_proj 22656 x 4480 and MLP up_proj 15680 x
-#: 4480), where a prototype of this kernel's ``x W^T`` tiling (32 x 128, 4 warps, 3 stages;
-#: no bias or relu2) measured 51.8 / 36.6 us against cuBLAS's 55.1 / 37.5 us on the H200
-#: (``gemv_h200.json``, run 6). This kernel itself, other row counts and other shapes were
-#: not measured; ``benchmarks/bench_gemv.py`` prints the winner per projection and row
-#: count to set this from.
+#: From the H200 sweep (``bench_gemv.py``, ``gemv_h200_skinny.json``: every tiling against
+#: cuBLAS and cuBLASLt in one run, at 2 / 4 / 8 / 16 rows): the wide projections fed by the
+#: 4,480-wide hidden state win with ``W x^T`` tiles of 64 weight rows by 128 columns
+#: (Nano's Mamba in_proj 22656 x 4480: 49.3-49.9 us against cuBLAS's 52.1-55.3 us, 96-97%
+#: of the weight-read floor; MLP up_proj 15680 x 4480: 35.5-36.0 against 36.6-37.5 us).
+#: Rows 9-15 lie between measured winners and take the same tiling. The K-heavy
+#: projections (out_proj, down_proj) and the narrow attention ones stay with cuBLAS, which
+#: was faster there (split-K; this kernel has none).
 SKINNY_RULES: tuple[SkinnyRule, ...] = (
-    SkinnyRule(SkinnyConfig(32, 128, 4, 3), rows=(16, 16), n=(12288, 2**62), k=(1, 5120)),
+    SkinnyRule(
+        SkinnyConfig(64, 128, 4, 3, swap_ab=True), rows=(2, 16), n=(12288, 2**62), k=(1, 5120)
+    ),
 )
 
 
