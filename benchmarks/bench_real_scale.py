@@ -178,7 +178,11 @@ def run_requests(rt: Runtime, prompts: list[list[int]], new_tokens: int) -> dict
     out: dict[str, Any] = {"prefill_steps": prefill, "decode_steps": len(decode)}
     if full:
         med = statistics.median(full)
+        # median and mean: overlapped, the step after a synchronous one is short (its
+        # predecessor's forward had already finished) and the next one is long; the mean
+        # is the decode wall time over the steps, the throughput
         out |= {"decode_step_wall_ms": med * 1e3, "decode_step_wall_min_ms": min(full) * 1e3,
+                "decode_step_wall_mean_ms": statistics.fmean(full) * 1e3,
                 "decode_tokens_per_s": len(prompts) / med}  # fmt: skip
     ptoks = sum(p["tokens"] for p in prefill)
     psec = sum(p["seconds"] for p in prefill)
@@ -264,7 +268,10 @@ def _decode_forward(bs: int, dev: torch.device) -> ForwardMetadata:
 
 
 def replay_ms(rt: Runtime, bs: int, iters: int, position: int) -> dict[str, float]:
-    """The captured decode step replayed alone: GPU time between events, and host time."""
+    """The captured decode step replayed alone: ``replay_ms``, GPU time per step of
+    ``iters`` steps issued back to back (the host, faster than the GPU, keeps it busy);
+    ``replay_isolated_ms``, the median GPU time between events around one step issued on an
+    idle GPU (it includes the host's refresh before the graph launch); host time per step."""
     dev = rt.device
     replay = make_replay(rt, bs, position)
     for _ in range(3):
@@ -286,8 +293,14 @@ def replay_ms(rt: Runtime, bs: int, iters: int, position: int) -> dict[str, floa
         host.append(time.perf_counter() - t0)
         _sync(dev)
     gpu = [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
-    return {"replay_ms": statistics.median(gpu), "replay_min_ms": min(gpu),
-            "replay_host_ms": statistics.median(host) * 1e3}  # fmt: skip
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    for _ in range(iters):
+        replay()
+    e1.record()
+    _sync(dev)
+    return {"replay_ms": e0.elapsed_time(e1) / iters, "replay_isolated_ms": statistics.median(gpu),
+            "replay_isolated_min_ms": min(gpu), "replay_host_ms": statistics.median(host) * 1e3}  # fmt: skip
 
 
 def profile_step(fn: Callable[[], Any], dev: torch.device, steps: int) -> dict[str, Any]:
