@@ -13,7 +13,8 @@ registers capped at the one-row variant's count, ``SsmLaunchConfig.max_regs``):
 * padding: a bucket-256 graph replayed with one live row (255 pad rows, slot -1) against a
   bucket-1 graph of the same configuration and of the one-row configuration (the target:
   at most 2x); pad rows' output checked zero;
-* registers per thread and spilled bytes of each compiled variant (``n_regs``, ``n_spills``).
+* registers per thread and spilled bytes of each compiled variant (``n_regs``, ``n_spills``);
+* a check of each configuration against the reference (37 rows, pads among them).
 
 Writes ``sweep_ssm_rows_<tag>.json`` (device, versions, date, every figure) into ``--out``
 (default ``$OUT``) and prints compact tables. Run on the GPU machine::
@@ -43,6 +44,7 @@ from graph_timing import (  # type: ignore[import-not-found, unused-ignore]
     graph_per_call_us,
 )
 
+from hybridmeta.kernels import ssm_state_update_reference
 from hybridmeta.kernels import ssm_update as su
 from hybridmeta.kernels._config import SsmLaunchConfig, ssm_launch_config
 
@@ -120,12 +122,54 @@ def _measure(conf: Config, probs: list[Any], ceiling: float) -> dict[str, Any]:
     return entry
 
 
+CHECK_BS = 37
+# (rtol, atol) by the compared tensor's dtype: tests/kernels/_support.py's table.
+TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+    torch.float32: (3e-4, 1e-3),
+    torch.float16: (1e-3, 5e-3),
+    torch.bfloat16: (1e-2, 5e-2),
+}
+CHECK_PAD_ROWS = (1, 5, 6, 20, 36)
+
+
+def _check(conf: Config, prob: Any) -> dict[str, Any]:
+    """One launch against the reference: 37 rows with pads among them (a short last block
+    at every rows value > 1). Largest error of the output and of the state, and whether the
+    pad rows' output is exactly zero and no slot a pad row names moved."""
+    state0 = prob.state.clone()
+    prob.out.fill_(float("nan"))
+    try:
+        prob.launcher(conf.cfg)()
+    except Exception as e:
+        return {"error": repr(e)[:300]}
+    ref_state, ref_out = state0.clone(), torch.empty_like(prob.out)
+    ssm_state_update_reference(
+        ref_state, prob.x, prob.dt, prob.A, prob.B, prob.C, ref_out, prob.src, D=prob.D,
+        z=prob.z, dt_bias=prob.dt_bias, dt_softplus=True,
+    )  # fmt: skip
+    pad = list(CHECK_PAD_ROWS)
+    out_tol, state_tol = TOLERANCES[prob.out.dtype], TOLERANCES[prob.state.dtype]
+    res = {
+        "out_max_abs_err": float((prob.out.float() - ref_out.float()).abs().max()),
+        "state_max_abs_err": float((prob.state.float() - ref_state.float()).abs().max()),
+        "pad_rows_zero": bool((prob.out[pad] == 0).all()),
+        "matches_reference": bool(
+            torch.allclose(prob.out.float(), ref_out.float(), *out_tol)
+            and torch.allclose(prob.state.float(), ref_state.float(), *state_tol)
+        ),
+    }
+    prob.state.copy_(state0)
+    return res
+
+
 def sweep_dtype(
     name: str, ceiling: float, args: argparse.Namespace, save: Callable[[list[Config]], None]
 ) -> list[Config]:
     dtype = DTYPES[name]
     block_p = ssm_launch_config(dtype, bk.P, bk.N).block_p
     confs = [Config(name, r, w, block_p, None) for w in args.warps[name] for r in args.rows]
+    check = bk.SsmProblem(CHECK_BS, dtype, seed=99)
+    check.src[list(CHECK_PAD_ROWS)] = -1
     # Every batch size: all configurations on the same pools (the one-row ones first: the
     # capped variants take their register count).
     for bs in args.bs:
@@ -142,6 +186,8 @@ def sweep_dtype(
         for conf in confs:
             if bs not in conf.result["bs"]:
                 conf.result["bs"][bs] = _measure(conf, probs, ceiling)
+            if "check" not in conf.result:
+                conf.result["check"] = _check(conf, check)
         del probs
         if _cuda():
             torch.cuda.empty_cache()
@@ -193,7 +239,15 @@ def _table(confs: list[Config], bs_list: Sequence[int]) -> str:
             f" {p.get('over_bucket1_one_row', float('nan')):5.2f}"
         )
         lines.append(f"{c.dtype[:4]} {c.name:14s} {regs:>8s} | {us} | {pad}")
-        lines.append(f"{'':19s} {'':>8s} | {pct} |")
+        ck = r.get("check", {})
+        ok = (
+            f"check: {'ok' if ck['matches_reference'] else 'MISMATCH'} (out err "
+            f"{ck['out_max_abs_err']:.1e}, state err {ck['state_max_abs_err']:.1e}), pad rows "
+            f"{'zero' if ck['pad_rows_zero'] else 'NOT ZERO'}"
+            if "out_max_abs_err" in ck
+            else f"check: {ck.get('error', 'not run')}"
+        )
+        lines.append(f"{'':19s} {'':>8s} | {pct} | {ok}")
     return "\n".join(lines)
 
 

@@ -38,4 +38,5 @@ def test_sweep_smoke_writes_every_configuration(
         assert set(c["bs"]) == {"1", "3"} and all("us" in e for e in c["bs"].values())
         pad = c["padding"]
         assert pad["pad_rows_zero"] and pad["over_bucket1_one_row"] > 0
+        assert c["check"]["matches_reference"] and c["check"]["pad_rows_zero"]
     sys.modules.pop("sweep_ssm_rows", None)
