@@ -252,6 +252,78 @@ def test_ssm_tile_shapes_match_reference(
     assert_close(state, ref_state, "state")
 
 
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("rows", "max_regs"), [(2, None), (8, None), (8, 64), (32, None)])
+def test_ssm_tile_rows_nano_shapes_match_reference(
+    state_dtype: torch.dtype, rows: int, max_regs: int | None
+) -> None:
+    """Rows a program of the one-tile kernel at Nano shapes (compiled, so the outlined row
+    body runs): 37 rows of 40-row buffers, live rows among pads, whole pad blocks, a short
+    last block; pad rows and the tail hold NaN inputs and live-looking slots. Pad rows zero,
+    the tail untouched, written slots equal the reference, other slots bit-identical."""
+    bs, n, slots = 37, 40, 96
+    live = [0, 3, 4, 5, 17, 30, 36]
+    g = torch.Generator().manual_seed(rows)
+    perm = torch.randperm(slots, generator=g).tolist()
+    src_l = [perm[b] if b in live or b >= bs else -1 for b in range(n)]
+    trk_l = [perm[n + b] for b in range(n)]
+    mask_l = [b not in live or live.index(b) % 2 == 0 for b in range(n)]
+    src = torch.tensor(src_l, device=CUDA)
+    trk = torch.tensor(trk_l, device=CUDA)
+    mask = torch.tensor(mask_l, device=CUDA)
+    a = _ssm_inputs(n, 20 + rows)
+    for k in ("x", "dt", "B", "C", "z"):
+        a[k][[b for b in range(n) if b not in live]] = float("nan")
+    v = {k: a[k][:bs] for k in ("x", "dt", "B", "C", "z")}
+    state0 = torch.randn(slots, H, P, N, device=CUDA).to(state_dtype)
+    ref_state, ref_out = ssm_state_update_ref(
+        state0, v["x"], v["dt"], a["A"], v["B"], v["C"], src[:bs], D=a["D"], z=v["z"],
+        dt_bias=a["dt_bias"], dt_softplus=True, track_indices=trk[:bs], track_mask=mask[:bs],
+    )  # fmt: skip
+    state = state0.clone()
+    out = torch.full_like(a["x"], float("nan"))
+    block_p = 16 if state_dtype == torch.bfloat16 else 8
+    cfg = SsmLaunchConfig(
+        block_p=block_p, num_warps=2, row_walk=False, tile_rows=rows, max_regs=max_regs
+    )
+    launch_ssm_update(
+        state, v["x"], v["dt"], a["A"], v["B"], v["C"], out[:bs], src[:bs], D=a["D"],
+        z=v["z"], dt_bias=a["dt_bias"], dt_softplus=True, dst_indices=None,
+        track_indices=trk[:bs], track_mask=mask[:bs], config=cfg,
+    )  # fmt: skip
+    torch.cuda.synchronize()
+    pad = [b for b in range(bs) if b not in live]
+    assert bool((out[pad] == 0).all())
+    assert bool(out[bs:].isnan().all())
+    assert_close(out[:bs], ref_out, "out")
+    written = sorted({src_l[b] for b in live} | {trk_l[b] for b in live if mask_l[b]})
+    untouched = torch.tensor([s for s in range(slots) if s not in written], device=CUDA)
+    assert_slots_bitwise(state, state0, untouched, "state")
+    w = torch.tensor(written, device=CUDA)
+    assert_close(state[w], ref_state[w], "written slots")
+
+
+def test_tile_rows_new_batch_size_never_recompiles() -> None:
+    """Rows a program keeps the batch size a runtime value: one compiled variant of the
+    one-tile kernel serves every batch size at a given `tile_rows`."""
+    slots = 160
+    state = torch.randn(slots, H, P, N, device=CUDA).to(torch.bfloat16)
+    cfg = SsmLaunchConfig(block_p=16, num_warps=2, row_walk=False, tile_rows=8)
+    counts = []
+    for i, bs in enumerate((1, 5, 8, 9, 40, 64, 129)):
+        a = _ssm_inputs(bs, 40 + i)
+        src = torch.randperm(slots, device=CUDA)[:bs].clone()
+        out = torch.empty_like(a["x"])
+        launch_ssm_update(
+            state, a["x"], a["dt"], a["A"], a["B"], a["C"], out, src, D=a["D"], z=a["z"],
+            dt_bias=a["dt_bias"], dt_softplus=True, dst_indices=None, track_indices=None,
+            track_mask=None, config=cfg,
+        )  # fmt: skip
+        torch.cuda.synchronize()
+        counts.append(compiled_count(_ssm_update_tile_kernel))
+    assert all(c == counts[0] for c in counts), f"compiled variants per bs: {counts}"
+
+
 # --------------------------------------------------------------------------- int64 indexing
 # A kernel addresses slot `s` of a pool at element `s * slot_stride + offset_in_slot`. With a
 # Nano-9B-v2 SSM state (128 x 80 x 128 = 1,310,720 elements per slot) that passes 2**31 at

@@ -204,3 +204,128 @@ def test_direct_launch_equals_first_launch() -> None:
     assert len(launcher._variants) == 1
     for r in results[1:]:
         assert torch.equal(r[0], results[0][0]) and torch.equal(r[1], results[0][1])
+
+
+# --------------------------------------------------------------------------- rows a program
+
+# The one-tile kernel with `tile_rows` rows a program: headdim 4 in two p-tiles.
+ROW_LAYOUTS: dict[str, tuple[int, list[int]]] = {
+    "all_pad": (6, []),  # every block of rows is pad: skipped, zero output only
+    "graph_tail": (9, [0]),  # one live row, then pad blocks; bs not a multiple of the rows
+    "partial": (11, [1, 2, 7, 10]),  # live and pad rows in a block; live last row, short block
+    "interior_pad": (8, [0, 3, 4, 7]),  # pad rows between a block's first and last live row
+    "all_live": (7, list(range(7))),
+}
+TAIL = 3  # rows past bs in every buffer: garbage the kernel must not read or write
+
+
+def _rows_cfg(rows: int) -> SsmLaunchConfig:
+    return SsmLaunchConfig(block_p=2, num_warps=1, row_walk=False, tile_rows=rows)
+
+
+def _check_rows_launch(bs: int, live: list[int], rows: int, *, with_dst: bool, seed: int) -> None:
+    """Launch on the first ``bs`` rows of ``bs + TAIL``-row buffers and compare with the
+    reference. Pad rows carry NaN inputs, a valid destination and a flagged valid track
+    slot; the tail rows carry live-looking slots, NaN inputs and set flags. Checks: outputs
+    equal, pad rows exactly zero, the tail of ``out`` untouched, written slots equal, every
+    other slot (pad rows' and tail rows' slots, sources overwritten elsewhere) bit-identical.
+    """
+    n = bs + TAIL
+    slots = 3 * n + 1
+    g = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(slots, generator=g).tolist()
+    is_live = [b in live for b in range(n)]
+    src = [perm[b] if b >= bs or is_live[b] else -1 for b in range(n)]
+    dst = [perm[n + b] for b in range(n)]
+    if with_dst and live:
+        dst[live[-1]] = -1  # a live row that writes nothing back
+    trk = [perm[2 * n + b] for b in range(n)]
+    # every other live row tracked; pad rows and the tail flagged too (they must not write)
+    mask = [not is_live[b] or live.index(b) % 2 == 0 for b in range(n)]
+    a = _inputs(n, slots, seed=seed)
+    for k in ("x", "dt", "B", "C", "z"):
+        a[k][[b for b in range(n) if not is_live[b]]] = float("nan")
+
+    def idx(v: list[int]) -> torch.Tensor:
+        return torch.tensor(v, device=DEVICE)
+
+    src_t, dst_t, trk_t = idx(src), idx(dst), idx(trk)
+    mask_t = torch.tensor(mask, device=DEVICE)
+    v = {k: a[k][:bs] for k in ("x", "dt", "B", "C", "z")}
+    ref_state, ref_out = ssm_state_update_ref(
+        a["state"], v["x"], v["dt"], a["A"], v["B"], v["C"], src_t[:bs], D=a["D"], z=v["z"],
+        dt_softplus=True, dst_indices=dst_t[:bs] if with_dst else None,
+        track_indices=trk_t[:bs], track_mask=mask_t[:bs],
+    )  # fmt: skip
+    state = a["state"].clone()
+    out = nan_empty(n, H, P, dtype=torch.float32)
+    launch_ssm_update(
+        state, v["x"], v["dt"], a["A"], v["B"], v["C"], out[:bs], src_t[:bs], D=a["D"],
+        z=v["z"], dt_bias=None, dt_softplus=True,
+        dst_indices=dst_t[:bs] if with_dst else None, track_indices=trk_t[:bs],
+        track_mask=mask_t[:bs], config=_rows_cfg(rows),
+    )  # fmt: skip
+    pad = [b for b in range(bs) if not is_live[b]]
+    assert bool((out[pad] == 0).all()), "pad rows get exactly zero output"
+    assert bool(out[bs:].isnan().all()), "rows past bs: output untouched"
+    assert_close(out[:bs], ref_out, "out")
+    written = {(dst if with_dst else src)[b] for b in live} | {trk[b] for b in live if mask[b]}
+    written.discard(-1)
+    untouched = torch.tensor([s for s in range(slots) if s not in written], device=DEVICE)
+    assert_slots_bitwise(state, a["state"], untouched, "state")
+    if written:
+        w = torch.tensor(sorted(written), device=DEVICE)
+        assert_close(state[w], ref_state[w], "written slots")
+
+
+@ANY_DEVICE
+@pytest.mark.parametrize("with_dst", [False, True], ids=["in_place", "dst"])
+@pytest.mark.parametrize("layout", list(ROW_LAYOUTS))
+@pytest.mark.parametrize("rows", [2, 4])
+def test_rows_a_program_match_reference(rows: int, layout: str, with_dst: bool) -> None:
+    """`tile_rows` 2 and 4: blocks all pad, partly pad, pad rows inside a block, a short last
+    block (bs not a multiple of the rows), all live; in place or into destination slots,
+    tracked rows: the reference's result, pad rows zero, nothing past bs read or written."""
+    bs, live = ROW_LAYOUTS[layout]
+    _check_rows_launch(bs, live, rows, with_dst=with_dst, seed=rows + bs)
+
+
+def test_tile_rows_must_be_a_power_of_two() -> None:
+    assert SsmLaunchConfig(block_p=8, num_warps=1, tile_rows=16).tile_rows == 16
+    for bad in (0, 3, 6, -2):
+        with pytest.raises(ValueError, match="tile_rows must be a power of two"):
+            SsmLaunchConfig(block_p=8, num_warps=1, tile_rows=bad)
+
+
+@ANY_DEVICE
+def test_rows_a_program_grid_and_variant_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The grid has ceil(bs / rows) programs along the rows; the launcher's variant key (what
+    one compiled kernel serves) is the same for every batch size at one `tile_rows` and
+    differs between `tile_rows` values; the default is one row a program (grid p x bs x h)."""
+    calls: list[tuple[tuple[int, int, int], object]] = []
+    launch = su._TILE_LAUNCHER.launch
+
+    def spy(var: object, grid: tuple[int, int, int], key: object, *rest: object) -> None:
+        calls.append((grid, key))
+        launch(var, grid, key, *rest)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(su._TILE_LAUNCHER, "launch", spy)
+    sizes = (1, 3, 4, 9)
+    for rows in (1, 2, 4):
+        for bs in sizes:
+            a = _inputs(bs, bs + 1, seed=bs)
+            out = torch.empty(bs, H, P, device=DEVICE)
+            launch_ssm_update(
+                a["state"], a["x"], a["dt"], a["A"], a["B"], a["C"], out,
+                torch.arange(bs, device=DEVICE), D=a["D"], z=a["z"], dt_bias=None,
+                dt_softplus=True, dst_indices=None, track_indices=None, track_mask=None,
+                config=_rows_cfg(rows),
+            )  # fmt: skip
+    grids = [c[0] for c in calls]
+    assert grids == [(2, -(-bs // r), H) for r in (1, 2, 4) for bs in sizes]
+    keys = [c[1] for c in calls]
+    per_rows = [keys[i : i + len(sizes)] for i in range(0, len(keys), len(sizes))]
+    assert all(len(set(map(repr, ks))) == 1 for ks in per_rows), "one variant per rows value"
+    assert len({repr(ks[0]) for ks in per_rows}) == 3, "rows values have their own variants"
+    assert ssm_launch_config(torch.bfloat16, 80, 128).tile_rows == 1
+    assert ssm_launch_config(torch.float32, 80, 128).tile_rows == 1

@@ -28,6 +28,12 @@ class SsmLaunchConfig:
     ``tile_max_bs``: with ``row_walk``, launches of at most this many rows take the
     one-tile-a-program kernel instead (same tile and warps): at a handful of rows the walk's
     loop costs more than its row skipping saves.
+    ``tile_rows``: rows a program of the one-tile kernel owns (a power of two; 1: one row a
+    program). A program reads the source slots of its rows at once, writes the zero output
+    of their pad rows in one store and runs the row body from its first to its last live
+    row, so a padded bucket launches ``tile_rows`` times fewer programs.
+    ``max_regs``: register cap per thread of the one-tile kernel (ptxas ``maxnreg``; ``None``:
+    the compiler's choice).
     """
 
     block_p: int
@@ -36,6 +42,13 @@ class SsmLaunchConfig:
     row_block: int = 64
     row_walk: bool = True
     tile_max_bs: int = 0
+    tile_rows: int = attrs.field(default=1)
+    max_regs: int | None = None
+
+    @tile_rows.validator
+    def _check_tile_rows(self, _: object, value: int) -> None:
+        if value < 1 or value & (value - 1):
+            raise ValueError(f"SsmLaunchConfig: tile_rows must be a power of two, got {value}")
 
     def walks_rows(self, bs: int) -> bool:
         """Whether a launch of ``bs`` rows runs the row-walking kernel."""

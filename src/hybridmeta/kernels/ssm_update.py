@@ -18,6 +18,13 @@ Two kernels, one contract; the launcher picks by the state pool's dtype (H200 sw
   ``p-tiles x bs x heads``). The row walk keeps more registers live per thread, which
   costs a 2-byte state tile a third of its bandwidth; at a handful of rows its loop costs
   more than its row skipping saves (``SsmLaunchConfig.tile_max_bs``).
+  With ``SsmLaunchConfig.tile_rows = R > 1`` a program owns the tile of ``R`` consecutive
+  rows (grid ``p-tiles x ceil(bs / R) x heads``; ``bs`` stays a runtime value): it reads
+  their source slots at once, writes the zero output of their pad rows in one store and
+  runs the row body from its first to its last live row, nothing for a block of pad rows.
+  The row body is the one-row kernel's, called as an outlined function so that the
+  compiler keeps none of its loop-invariant offsets live across the loop. ``R = 1`` (the
+  default) compiles to the one-row kernel.
 
 Pad rows (source slot ``-1``) read no state, write no state and get zero output. Flagged
 rows may also store the new state into their track slot in the same pass.
@@ -339,7 +346,10 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 
 
 @triton.jit
-def _ssm_update_tile_kernel(
+def _ssm_tile_row(
+    i_b: tl.tensor,
+    i_p: tl.tensor,
+    i_h: tl.tensor,
     state_ptr: tl.tensor,
     x_ptr: tl.tensor,
     dt_ptr: tl.tensor,
@@ -389,10 +399,9 @@ def _ssm_update_tile_kernel(
     BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ) -> None:
-    i_p = tl.program_id(0)
-    # int64 from here on: slot * per-slot stride overflows int32 for large pools.
-    i_b = tl.program_id(1).to(tl.int64)
-    i_h = tl.program_id(2).to(tl.int64)
+    """One ``[BLOCK_P, dstate]`` tile (p-tile ``i_p``) of head ``i_h`` of row ``i_b``
+    (int64): every load issued at once, the row's liveness folded into the masks (a pad
+    row's state masks are empty: no state byte moves), no branch around the loads."""
     i_g = i_h // heads_per_group
 
     src = tl.load(src_ptr + i_b).to(tl.int64)
@@ -467,6 +476,179 @@ def _ssm_update_tile_kernel(
         )
 
 
+@triton.jit(noinline=True)
+def _ssm_tile_row_outlined(
+    i_b: tl.tensor,
+    i_p: tl.tensor,
+    i_h: tl.tensor,
+    state_ptr: tl.tensor,
+    x_ptr: tl.tensor,
+    dt_ptr: tl.tensor,
+    dt_bias_ptr: tl.tensor,
+    A_ptr: tl.tensor,
+    B_ptr: tl.tensor,
+    C_ptr: tl.tensor,
+    D_ptr: tl.tensor,
+    z_ptr: tl.tensor,
+    out_ptr: tl.tensor,
+    src_ptr: tl.tensor,
+    dst_ptr: tl.tensor,
+    track_idx_ptr: tl.tensor,
+    track_mask_ptr: tl.tensor,
+    dt_min: tl.tensor,
+    dt_max: tl.tensor,
+    headdim: tl.tensor,
+    dstate: tl.tensor,
+    heads_per_group: tl.tensor,
+    stride_s_slot: tl.tensor,
+    stride_s_h: tl.tensor,
+    stride_s_p: tl.tensor,
+    stride_s_n: tl.tensor,
+    stride_x_b: tl.tensor,
+    stride_x_h: tl.tensor,
+    stride_x_p: tl.tensor,
+    stride_dt_b: tl.tensor,
+    stride_dt_h: tl.tensor,
+    stride_B_b: tl.tensor,
+    stride_B_g: tl.tensor,
+    stride_B_n: tl.tensor,
+    stride_C_b: tl.tensor,
+    stride_C_g: tl.tensor,
+    stride_C_n: tl.tensor,
+    stride_z_b: tl.tensor,
+    stride_z_h: tl.tensor,
+    stride_z_p: tl.tensor,
+    stride_o_b: tl.tensor,
+    stride_o_h: tl.tensor,
+    stride_o_p: tl.tensor,
+    DT_SOFTPLUS: tl.constexpr,
+    HAS_DT_BIAS: tl.constexpr,
+    HAS_D: tl.constexpr,
+    HAS_Z: tl.constexpr,
+    HAS_DST: tl.constexpr,
+    HAS_TRACK: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+) -> None:
+    """:func:`_ssm_tile_row` as a called function (not inlined): the row loop of the
+    multi-row kernel calls it, so the compiler cannot hoist the row body's loop-invariant
+    offsets and pointers out of the loop and keep them live across it (their registers
+    would cost the resident programs that keep memory busy). Its arguments are mostly the
+    kernel's own, which the callee reads from the kernel's parameter space."""
+    _ssm_tile_row(
+        i_b, i_p, i_h, state_ptr, x_ptr, dt_ptr, dt_bias_ptr, A_ptr, B_ptr, C_ptr, D_ptr,
+        z_ptr, out_ptr, src_ptr, dst_ptr, track_idx_ptr, track_mask_ptr, dt_min, dt_max,
+        headdim, dstate, heads_per_group, stride_s_slot, stride_s_h, stride_s_p, stride_s_n,
+        stride_x_b, stride_x_h, stride_x_p, stride_dt_b, stride_dt_h, stride_B_b, stride_B_g,
+        stride_B_n, stride_C_b, stride_C_g, stride_C_n, stride_z_b, stride_z_h, stride_z_p,
+        stride_o_b, stride_o_h, stride_o_p, DT_SOFTPLUS, HAS_DT_BIAS, HAS_D, HAS_Z, HAS_DST,
+        HAS_TRACK, BLOCK_P, BLOCK_N,
+    )  # fmt: skip
+
+
+@triton.jit(do_not_specialize=["bs"])
+def _ssm_update_tile_kernel(
+    state_ptr: tl.tensor,
+    x_ptr: tl.tensor,
+    dt_ptr: tl.tensor,
+    dt_bias_ptr: tl.tensor,
+    A_ptr: tl.tensor,
+    B_ptr: tl.tensor,
+    C_ptr: tl.tensor,
+    D_ptr: tl.tensor,
+    z_ptr: tl.tensor,
+    out_ptr: tl.tensor,
+    src_ptr: tl.tensor,
+    dst_ptr: tl.tensor,
+    track_idx_ptr: tl.tensor,
+    track_mask_ptr: tl.tensor,
+    dt_min: tl.tensor,
+    dt_max: tl.tensor,
+    headdim: tl.tensor,
+    dstate: tl.tensor,
+    heads_per_group: tl.tensor,
+    stride_s_slot: tl.tensor,
+    stride_s_h: tl.tensor,
+    stride_s_p: tl.tensor,
+    stride_s_n: tl.tensor,
+    stride_x_b: tl.tensor,
+    stride_x_h: tl.tensor,
+    stride_x_p: tl.tensor,
+    stride_dt_b: tl.tensor,
+    stride_dt_h: tl.tensor,
+    stride_B_b: tl.tensor,
+    stride_B_g: tl.tensor,
+    stride_B_n: tl.tensor,
+    stride_C_b: tl.tensor,
+    stride_C_g: tl.tensor,
+    stride_C_n: tl.tensor,
+    stride_z_b: tl.tensor,
+    stride_z_h: tl.tensor,
+    stride_z_p: tl.tensor,
+    stride_o_b: tl.tensor,
+    stride_o_h: tl.tensor,
+    stride_o_p: tl.tensor,
+    # Last of the runtime arguments: one row a program never reads it, and there it leaves
+    # the PTX of the other arguments' loads as it was (placed after `dt_max` it moved
+    # ptxas' fp32 one-warp tracked variant from 96 to 127 registers, Triton 3.6).
+    bs: tl.tensor,
+    DT_SOFTPLUS: tl.constexpr,
+    HAS_DT_BIAS: tl.constexpr,
+    HAS_D: tl.constexpr,
+    HAS_Z: tl.constexpr,
+    HAS_DST: tl.constexpr,
+    HAS_TRACK: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    ROWS: tl.constexpr,
+) -> None:
+    i_p = tl.program_id(0)
+    if ROWS > 1:
+        # ROWS consecutive rows: their source slots at once, the zero output of their pad
+        # rows in one store, then the row body from the first to the last live row (nothing
+        # for a block of pad rows: the tail of a bucket's CUDA graph).
+        row0 = tl.program_id(1).to(tl.int64) * ROWS
+        i_h = tl.program_id(2).to(tl.int64)
+        o_r = row0 + tl.arange(0, ROWS)  # [R]
+        m_r = o_r < bs
+        v_src = tl.load(src_ptr + o_r, mask=m_r, other=-1)  # [R]
+        o_p = i_p * BLOCK_P + tl.arange(0, BLOCK_P)  # [BP]
+        tl.store(
+            out_ptr + o_r[:, None] * stride_o_b + (i_h * stride_o_h + o_p * stride_o_p)[None, :],
+            tl.zeros([ROWS, BLOCK_P], dtype=out_ptr.dtype.element_ty),
+            mask=(m_r & (v_src < 0))[:, None] & (o_p < headdim)[None, :],
+        )
+        v_live = m_r & (v_src >= 0)
+        r_lo = tl.min(tl.where(v_live, o_r, row0 + ROWS), axis=0)
+        r_hi = tl.max(tl.where(v_live, o_r + 1, row0), axis=0)
+        for i_b in tl.range(r_lo, r_hi, num_stages=1):
+            _ssm_tile_row_outlined(
+                i_b, i_p, i_h, state_ptr, x_ptr, dt_ptr, dt_bias_ptr, A_ptr, B_ptr, C_ptr, D_ptr,
+                z_ptr, out_ptr, src_ptr, dst_ptr, track_idx_ptr, track_mask_ptr, dt_min, dt_max,
+                headdim, dstate, heads_per_group, stride_s_slot, stride_s_h, stride_s_p,
+                stride_s_n, stride_x_b, stride_x_h, stride_x_p, stride_dt_b, stride_dt_h,
+                stride_B_b, stride_B_g, stride_B_n, stride_C_b, stride_C_g, stride_C_n,
+                stride_z_b, stride_z_h, stride_z_p, stride_o_b, stride_o_h, stride_o_p,
+                DT_SOFTPLUS, HAS_DT_BIAS, HAS_D, HAS_Z, HAS_DST, HAS_TRACK, BLOCK_P, BLOCK_N,
+            )  # fmt: skip
+    else:
+        # One row a program, the row body inlined: the same code (and PTX) as before the
+        # `ROWS` knob. int64 from here on: slot * per-slot stride overflows int32 for large
+        # pools.
+        i_b = tl.program_id(1).to(tl.int64)
+        i_h = tl.program_id(2).to(tl.int64)
+        _ssm_tile_row(
+            i_b, i_p, i_h, state_ptr, x_ptr, dt_ptr, dt_bias_ptr, A_ptr, B_ptr, C_ptr, D_ptr,
+            z_ptr, out_ptr, src_ptr, dst_ptr, track_idx_ptr, track_mask_ptr, dt_min, dt_max,
+            headdim, dstate, heads_per_group, stride_s_slot, stride_s_h, stride_s_p,
+            stride_s_n, stride_x_b, stride_x_h, stride_x_p, stride_dt_b, stride_dt_h,
+            stride_B_b, stride_B_g, stride_B_n, stride_C_b, stride_C_g, stride_C_n,
+            stride_z_b, stride_z_h, stride_z_p, stride_o_b, stride_o_h, stride_o_p,
+            DT_SOFTPLUS, HAS_DT_BIAS, HAS_D, HAS_Z, HAS_DST, HAS_TRACK, BLOCK_P, BLOCK_N,
+        )  # fmt: skip
+
+
+
 def launch_ssm_update(
     state: torch.Tensor,
     x: torch.Tensor,
@@ -507,8 +689,8 @@ def launch_ssm_update(
     dt_limit : tuple of float
         ``(lo, hi)`` clamp of the discretised ``dt`` (checked: ``lo <= hi``).
     config : SsmLaunchConfig, optional
-        Tile shape, warps and row splits; the default is picked from the state dtype and
-        shapes (row splits from the device's capacity).
+        Kernel, tile shape, warps, row splits and rows a program; the default is picked
+        from the state dtype and shapes (row splits from the device's capacity).
     """
     bs = x.shape[0]
     if bs == 0:
@@ -609,11 +791,12 @@ def _launch_tiles(
     dt_limit: tuple[float, float],
     cfg: SsmLaunchConfig,
 ) -> None:
-    """One ``[block_p, dstate]`` tile of one head of one row a program."""
+    """One ``[block_p, dstate]`` tile of one head of ``cfg.tile_rows`` rows a program."""
     bs = x.shape[0]
     _, nheads, headdim, dstate = state.shape
     ngroups = B.shape[1]
     dev = state.get_device()
+    rows = cfg.tile_rows
     zs = z.stride() if z is not None else (0, 0, 0)
     ints = (
         headdim, dstate, nheads // ngroups, *state.stride(), *x.stride(), *dt.stride(),
@@ -622,7 +805,7 @@ def _launch_tiles(
     flags = (
         dt_softplus, dt_bias is not None, D is not None, z is not None,
         dst_indices is not None, track_indices is not None, cfg.block_p,
-        pow2_ceil(dstate),
+        pow2_ceil(dstate), rows,
     )  # fmt: skip
     ptrs = (
         state.data_ptr(), x.data_ptr(), dt.data_ptr(), _ptr(dt_bias), A.data_ptr(),
@@ -630,26 +813,31 @@ def _launch_tiles(
         _ptr(dst_indices), _ptr(track_indices), _ptr(track_mask),
     )  # fmt: skip
     aligned = all(p is None or not p & 15 for p in ptrs)
+    # `bs` is not in the key: the kernel never specialises on it (one variant for every batch
+    # size); `flags` carries the rows a program.
     key = (
-        dev, cfg.num_warps, ints, flags, state.dtype, x.dtype, dt.dtype, A.dtype, B.dtype,
-        C.dtype, out.dtype, src_indices.dtype,
+        dev, cfg.num_warps, cfg.max_regs, ints, flags, state.dtype, x.dtype, dt.dtype, A.dtype,
+        B.dtype, C.dtype, out.dtype, src_indices.dtype,
         *(None if t is None else t.dtype for t in (D, z, dt_bias, dst_indices, track_indices,
                                                    track_mask)),
     )  # fmt: skip
     var = _TILE_LAUNCHER.lookup(key, aligned)
-    grid = (cdiv(headdim, cfg.block_p), bs, nheads)
+    grid = (cdiv(headdim, cfg.block_p), cdiv(bs, rows), nheads)
+    # ptxas's register cap only when the configuration sets one (the same compile options
+    # as before otherwise).
+    opts: dict[str, int] = {} if cfg.max_regs is None else {"maxnreg": cfg.max_regs}
 
     def fast_args() -> tuple[object, ...]:
-        return (*ptrs, *dt_limit, *ints, *flags)
+        return (*ptrs, *dt_limit, *ints, bs, *flags)
 
     def slow(g: tuple[int, int, int]) -> object:
         return _ssm_update_tile_kernel[g](
             state, x, dt, dt_bias, A, B, C, D, z, out, src_indices, dst_indices,
-            track_indices, track_mask, *dt_limit, *ints,
+            track_indices, track_mask, *dt_limit, *ints, bs,
             DT_SOFTPLUS=dt_softplus, HAS_DT_BIAS=dt_bias is not None, HAS_D=D is not None,
             HAS_Z=z is not None, HAS_DST=dst_indices is not None,
             HAS_TRACK=track_indices is not None, BLOCK_P=cfg.block_p, BLOCK_N=flags[7],
-            num_warps=cfg.num_warps,
+            ROWS=rows, num_warps=cfg.num_warps, **opts,
         )  # fmt: skip
 
     _TILE_LAUNCHER.launch(var, grid, key, dev, aligned, fast_args, slow)
