@@ -8,7 +8,7 @@ import torch
 from hybridmeta.kernels import ssm_state_update
 from hybridmeta.kernels import ssm_update as su
 from hybridmeta.kernels._config import SsmLaunchConfig, ssm_launch_config
-from hybridmeta.kernels.ssm_update import launch_ssm_update
+from hybridmeta.kernels.ssm_update import launch_ssm_update, ssm_state_update_reference
 from tests.kernels._support import (
     DEVICE,
     assert_close,
@@ -329,3 +329,47 @@ def test_rows_a_program_grid_and_variant_key(monkeypatch: pytest.MonkeyPatch) ->
     assert len({repr(ks[0]) for ks in per_rows}) == 3, "rows values have their own variants"
     assert ssm_launch_config(torch.bfloat16, 80, 128).tile_rows == 1
     assert ssm_launch_config(torch.float32, 80, 128).tile_rows == 1
+
+
+@ANY_DEVICE
+def test_rows_a_program_follow_the_batch_size_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``tile_rows_from``: a launch takes the rows of the last step its batch size reaches
+    (grid and result); the default gives bf16 states 16 rows a program from 128 rows and
+    32 from 256, one below, and fp32 states none (their large launches walk rows)."""
+    bf16 = ssm_launch_config(torch.bfloat16, 80, 128)
+    steps = [bf16.rows_per_program(b) for b in (1, 127, 128, 255, 256, 512)]
+    assert steps == [1, 1, 16, 16, 32, 32]
+    assert ssm_launch_config(torch.float32, 80, 128).rows_per_program(512) == 1
+    with pytest.raises(ValueError, match="tile_rows_from rows must be powers of two"):
+        SsmLaunchConfig(block_p=8, num_warps=1, tile_rows_from=((4, 3),))
+    with pytest.raises(ValueError, match="tile_rows_from must ascend"):
+        SsmLaunchConfig(block_p=8, num_warps=1, tile_rows_from=((8, 2), (4, 4)))
+    grids: list[tuple[int, int, int]] = []
+    launch = su._TILE_LAUNCHER.launch
+
+    def spy(var: object, grid: tuple[int, int, int], *rest: object) -> None:
+        grids.append(grid)
+        launch(var, grid, *rest)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(su._TILE_LAUNCHER, "launch", spy)
+    cfg = SsmLaunchConfig(block_p=2, num_warps=1, row_walk=False, tile_rows_from=((3, 2), (6, 4)))
+    for bs in (2, 5, 7):
+        a = _inputs(bs, bs + 1, seed=40 + bs)
+        src = torch.arange(bs, device=DEVICE)
+        src[1] = -1  # a pad row inside the first block
+        out = torch.full((bs, H, P), float("nan"), device=DEVICE)
+        state = a["state"].clone()
+        launch_ssm_update(
+            state, a["x"], a["dt"], a["A"], a["B"], a["C"], out, src, D=a["D"], z=a["z"],
+            dt_bias=None, dt_softplus=True, dst_indices=None, track_indices=None,
+            track_mask=None, config=cfg,
+        )  # fmt: skip
+        ref_state = a["state"].clone()
+        ref_out = torch.empty_like(out)
+        ssm_state_update_reference(
+            ref_state, a["x"], a["dt"], a["A"], a["B"], a["C"], ref_out, src, D=a["D"],
+            z=a["z"], dt_softplus=True,
+        )  # fmt: skip
+        torch.testing.assert_close(out, ref_out)
+        torch.testing.assert_close(state, ref_state)
+    assert grids == [(2, 2, H), (2, 3, H), (2, 2, H)]

@@ -8,6 +8,7 @@ alternatives and records why the defaults below were chosen (see ``docs/kernels.
 from __future__ import annotations
 
 import functools
+import itertools
 
 import attrs
 import torch
@@ -32,6 +33,10 @@ class SsmLaunchConfig:
     program). A program reads the source slots of its rows at once, writes the zero output
     of their pad rows in one store and runs the row body from its first to its last live
     row, so a padded bucket launches ``tile_rows`` times fewer programs.
+    ``tile_rows_from``: ``(min_bs, rows)`` steps, ascending: a launch of at least ``min_bs``
+    rows takes ``rows`` rows a program instead of ``tile_rows`` (the last step that applies
+    wins), so a large bucket's pad rows cost few programs while small launches keep one
+    row a program. Each distinct value compiles once; the batch size never does.
     ``max_regs``: register cap per thread of the one-tile kernel (ptxas ``maxnreg``; ``None``:
     the compiler's choice).
     """
@@ -43,12 +48,33 @@ class SsmLaunchConfig:
     row_walk: bool = True
     tile_max_bs: int = 0
     tile_rows: int = attrs.field(default=1)
+    tile_rows_from: tuple[tuple[int, int], ...] = attrs.field(default=())
     max_regs: int | None = None
 
     @tile_rows.validator
     def _check_tile_rows(self, _: object, value: int) -> None:
         if value < 1 or value & (value - 1):
             raise ValueError(f"SsmLaunchConfig: tile_rows must be a power of two, got {value}")
+
+    @tile_rows_from.validator
+    def _check_tile_rows_from(self, _: object, value: tuple[tuple[int, int], ...]) -> None:
+        for _, rows in value:
+            if rows < 1 or rows & (rows - 1):
+                raise ValueError(
+                    f"SsmLaunchConfig: tile_rows_from rows must be powers of two, got {rows}"
+                )
+        if any(a[0] >= b[0] for a, b in itertools.pairwise(value)):
+            raise ValueError(
+                f"SsmLaunchConfig: tile_rows_from must ascend in min_bs, got {value}"
+            )
+
+    def rows_per_program(self, bs: int) -> int:
+        """Rows a program of the one-tile kernel owns in a launch of ``bs`` rows."""
+        rows = self.tile_rows
+        for min_bs, step_rows in self.tile_rows_from:
+            if bs >= min_bs:
+                rows = step_rows
+        return rows
 
     def walks_rows(self, bs: int) -> bool:
         """Whether a launch of ``bs`` rows runs the row-walking kernel."""
@@ -87,12 +113,19 @@ def ssm_launch_config(state_dtype: torch.dtype, headdim: int, dstate: int) -> Ss
     registers held its 16-row bf16 tile to 78-82%, against 87-90% for one tile a program
     (two warps 0.3-5% faster than one at every bs of the tile sweep). mamba_ssm's 4-row
     tiles (2 KiB fp32, 1 KiB bf16, 4 warps) make the kernel bound by program scheduling.
+    From 128 rows a bf16 / fp16 program owns 16 rows, from 256 rows 32 (``tile_rows_from``):
+    a bucket-256 graph replayed with one live row then costs 6.8 us, 1.8x a bucket-1 graph,
+    against 232 us (60x) at one row a program, for 0.2-1.2% of a full launch's time at
+    128 / 256 / 512 rows (`sweep_ssm_rows_h200.json`; below 128 rows more rows a program
+    cost 3-40%).
     """
     rows = max(1, (4096 // state_dtype.itemsize) // max(dstate, 1))
     block_p = max(min(_pow2_floor(rows), pow2_ceil(headdim)), 1)
     if state_dtype.itemsize >= 4:
         return SsmLaunchConfig(block_p=block_p, num_warps=1, row_walk=True, tile_max_bs=32)
-    return SsmLaunchConfig(block_p=block_p, num_warps=2, row_walk=False)
+    return SsmLaunchConfig(
+        block_p=block_p, num_warps=2, row_walk=False, tile_rows_from=((128, 16), (256, 32))
+    )
 
 
 @functools.cache
