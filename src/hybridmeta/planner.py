@@ -96,7 +96,6 @@ _ROW_KEYS = tuple(_P + n for n in _ROW_NAMES)
 _VERIFY_KEYS = tuple(_PV + n for n in _ROW_NAMES)
 _MIXED_KEYS = _ROW_KEYS + tuple(_P + n for n in _PREFILL_NAMES)
 _ROW_BOOLS = (False, False, False, True)  # track_mask
-_MIXED_BOOLS = _ROW_BOOLS + tuple(n in ("has_init", "chunk_first") for n in _PREFILL_NAMES)
 #: The 0/1 arrays of a plan whose metadata fields are bool masks. Staged as bool
 #: (``to_device_packed(..., as_bool=BOOL_PARTS)``; ``plan_mixed_batch`` and ``plan_verify``
 #: do), the metadata takes views of the staged buffer instead of one ``!= 0`` op per mask.
@@ -384,6 +383,7 @@ def _has_duplicate(values: IntArray) -> bool:
 
 
 def _rows_ok(
+    ext_min: int,
     ext: IntArray,
     pre: IntArray,
     slots: IntArray,
@@ -393,12 +393,12 @@ def _rows_ok(
 ) -> bool:
     """Whether every rule of :func:`_check_rows` and :func:`_check_track` holds: one
     reduction per rule and one sort of the working and tracked slots together (distinct
-    and >= 0 covers both checks' slot rules). ``False`` sends the caller to those checks,
-    which name the rule broken."""
+    and >= 0 covers both checks' slot rules; ``ext_min``: the least of ``ext``).
+    ``False`` sends the caller to those checks, which name the rule broken."""
     n = ext.shape[0]
     if not (n and pre.shape[0] == n and slots.shape[0] == n and 0 <= num_decodes <= n):
         return False
-    if ext.min() < 1 or pre.min() < 0:
+    if ext_min < 1 or pre.min() < 0:
         return False
     if num_decodes and (ext[n - num_decodes :].max() != 1 or pre[n - num_decodes :].min() < 1):
         return False
@@ -410,6 +410,23 @@ def _rows_ok(
         pool = np.concatenate((slots, track_slots[track_mask]))
     pool.sort()
     return bool(pool[0] >= 0) and not bool((pool[1:] == pool[:-1]).any())
+
+
+def _int_rows(values: tuple[IntLike, ...]) -> IntArray | None:
+    """The per-row integer inputs as one ``[len(values), bs]`` int64 array, when each is a
+    list or tuple, all of one length, of integers; ``None`` otherwise (each input is then
+    converted on its own, which names the one that is wrong)."""
+    for v in values:
+        # A sequence that starts with a bool may be all bools, which is refused by name.
+        if not isinstance(v, (list, tuple)) or not v or isinstance(v[0], (bool, np.bool_)):
+            return None
+    try:
+        arr = np.array(values)
+    except (ValueError, TypeError, OverflowError):  # not of one length, ...
+        return None
+    if arr.ndim != 2 or not arr.shape[1] or arr.dtype.kind not in "iu":
+        return None
+    return arr.astype(np.int64, copy=False)
 
 
 def _try_host(convert: Callable[[str, _V], _A], name: str, value: _V) -> _A | None:
@@ -443,9 +460,10 @@ def _iota(n: int) -> IntArray:
     return cached[:n]
 
 
-def _window_base(total: int, kernel: int) -> IntArray:
-    """A fresh ``[total, kernel]`` array whose row ``t`` is ``t - k1 .. t`` (every token's
-    conv window before the patch for the rows' initial states): a copy of a cached template."""
+def _fill_windows(out: IntArray, total: int, kernel: int) -> None:
+    """Write ``[total, kernel]`` windows (flat, into ``out``) whose row ``t`` is
+    ``t - k1 .. t``: every token's conv window before the patch for the rows' initial
+    states, copied from a cached template."""
     cached = _window_cache.get(kernel)
     if cached is None or cached.shape[0] < total:
         rows = (
@@ -458,11 +476,10 @@ def _window_base(total: int, kernel: int) -> IntArray:
         # Column by column: numpy's broadcast over a 4-wide inner axis is several times slower.
         for c in range(kernel):
             np.add(base, c, out=built[:, c])
-        if rows > _CACHE_TOKENS:
-            return built
-        cached = _read_only(built)
-        _window_cache[kernel] = cached
-    return cached[:total].copy()
+        if rows <= _CACHE_TOKENS:
+            _window_cache[kernel] = _read_only(built)
+        cached = built
+    out[:] = cached.reshape(-1)[: total * kernel]
 
 
 def _patch(k1: int) -> _Patch:
@@ -492,6 +509,58 @@ def _windows(
     if whole:
         return q
     return np.where(q < start[:, None], q + (init - start - off[0])[:, None], q)
+
+
+class _Staging:
+    """A plan packed for ``plan_mixed_batch``: one host buffer (page-locked for a GPU
+    target) holding every part the metadata reads, the masks as bool bytes at its end.
+
+    ``sizes`` splits the buffer (int64) into the parts in their packed order and the
+    tail; ``bool_sizes`` splits its bytes into the head, the masks and the rest; ``order``
+    picks the views of :attr:`MixedHostPlan.arrays`' order out of both splits.
+    """
+
+    __slots__ = ("bool_sizes", "host", "order", "sizes")
+
+    def __init__(
+        self,
+        host: torch.Tensor,
+        sizes: list[int],
+        bool_sizes: list[int],
+        order: tuple[int, ...],
+    ) -> None:
+        self.host = host
+        self.sizes = sizes
+        self.bool_sizes = bool_sizes
+        self.order = order
+
+    def views(self, device: torch.device) -> list[torch.Tensor]:
+        """One non-blocking copy to ``device``; the views in :attr:`MixedHostPlan.arrays`'
+        order (1-D; the masks bool)."""
+        flat = self.host.to(device, non_blocking=True)
+        every = flat.split_with_sizes(self.sizes) + flat.view(torch.bool).split_with_sizes(
+            self.bool_sizes
+        )
+        return [every[i] for i in self.order]
+
+
+def _order(packed: tuple[str, ...], masks: tuple[str, ...], names: tuple[str, ...]) -> tuple[int, ...]:
+    """Positions of ``names`` in the two splits of a :class:`_Staging` buffer: the packed
+    parts (then the tail), then the bytes (the head, then the masks)."""
+    at = {n: i for i, n in enumerate(packed)}
+    at.update({n: len(packed) + 2 + i for i, n in enumerate(masks)})
+    return tuple(at[n] for n in names)
+
+
+# Packed order: the small parts in one copy, then the two token-sized parts written in place.
+_PACKED_ROWS = ("query_start_loc", "slots", "track_slots")
+_PACKED_MIXED = _PACKED_ROWS + tuple(
+    n for n in _PREFILL_NAMES if n not in ("has_init", "chunk_first", "token_pos", "token_conv")
+) + ("token_pos", "token_conv")  # fmt: skip
+_ORDER_ROWS = _order(_PACKED_ROWS, ("track_mask",), _ROW_NAMES)
+_ORDER_MIXED = _order(
+    _PACKED_MIXED, ("track_mask", "has_init", "chunk_first"), _ROW_NAMES + _PREFILL_NAMES
+)
 
 
 def plan_host(
@@ -543,19 +612,60 @@ def plan_host(
     ValueError
         Inconsistent configuration or rows; the message names the field and the rule.
     """
+    return _plan(
+        extend_lens=extend_lens,
+        prefix_lens=prefix_lens,
+        slots=slots,
+        num_decodes=num_decodes,
+        chunk_size=chunk_size,
+        conv_kernel=conv_kernel,
+        track_interval=track_interval,
+        track_mask=track_mask,
+        track_slots=track_slots,
+        device=None,
+    )[0]
+
+
+def _plan(
+    *,
+    extend_lens: IntLike,
+    prefix_lens: IntLike,
+    slots: IntLike,
+    num_decodes: int,
+    chunk_size: int,
+    conv_kernel: int,
+    track_interval: int | None,
+    track_mask: BoolLike | None,
+    track_slots: IntLike | None,
+    device: torch.device | None,
+) -> tuple[MixedHostPlan, _Staging | None]:
+    """:func:`plan_host`; with a ``device``, also the plan packed for it (:class:`_Staging`)."""
     _check_config(chunk_size, track_interval, conv_kernel)
-    ext = _host_ints("extend_lens", extend_lens)
-    pre = _host_ints("prefix_lens", prefix_lens)
-    slt = _host_ints("slots", slots)
-    tmask: npt.NDArray[np.bool_] | None = None
+    tracking = track_mask is not None and track_slots is not None and track_interval is not None
     tslots: IntArray | None = None
+    ints = _int_rows(
+        (extend_lens, prefix_lens, slots, track_slots)  # type: ignore[arg-type]
+        if tracking
+        else (extend_lens, prefix_lens, slots)
+    )
+    if ints is not None:  # one conversion of sequences of one length
+        ext, pre, slt = ints[0], ints[1], ints[2]
+        if tracking:
+            tslots = ints[3]
+    else:
+        ext = _host_ints("extend_lens", extend_lens)
+        pre = _host_ints("prefix_lens", prefix_lens)
+        slt = _host_ints("slots", slots)
+    ext_min = int(ext.min()) if ext.shape[0] else 0
+    tmask: npt.NDArray[np.bool_] | None = None
     if track_mask is None:
-        ok = track_slots is None and _rows_ok(ext, pre, slt, num_decodes, None, None)
-    elif track_slots is not None and track_interval is not None:
+        ok = track_slots is None and _rows_ok(ext_min, ext, pre, slt, num_decodes, None, None)
+    elif tracking:
         tmask = _try_host(_host_bools, "track_mask", track_mask)
-        tslots = _try_host(_host_ints, "track_slots", track_slots)
+        if tslots is None:
+            tslots = _try_host(_host_ints, "track_slots", track_slots)  # type: ignore[arg-type]
         ok = tmask is not None and tslots is not None
-        ok = ok and _rows_ok(ext, pre, slt, num_decodes, tmask, tslots)
+        ok = ok and _rows_ok(ext_min, ext, pre, slt, num_decodes, tmask, tslots)
     else:
         ok = False
     if not ok:
@@ -585,22 +695,27 @@ def plan_host(
     # Track plan: each tracked row's last boundary b = floor((prefix+extend)/I)*I.
     if tmask is None or tslots is None or track_interval is None:
         track_out = np.full(n_rows, -1, dtype=np.int64)
-        mask_out = np.zeros(n_rows, dtype=np.int64)
+        is_final = np.zeros(n_rows, dtype=np.bool_)
         final_rows: tuple[int, ...] = ()
-        mid_rows = k = _EMPTY
+        mid_rows = rem = _EMPTY
     else:
-        end_abs = pre + ext
-        b = end_abs - end_abs % track_interval
-        k = b - pre  # new tokens before the boundary
-        saves = tmask & (k > 0)
-        is_final = saves & (b == end_abs)  # the boundary is the row's last token
+        # The row's last boundary b = (prefix + extend) - rem comes after its first
+        # extend - rem new tokens: reached when that is > 0, the row's end when rem == 0.
+        rem = (pre + ext) % track_interval
+        saves = tmask & (ext > rem)
+        is_final = saves & (rem == 0)
         track_out = np.where(saves, tslots, -1)
-        mask_out = is_final.astype(np.int64)
         final_rows = tuple(is_final.nonzero()[0].tolist())
         mid_rows = (saves ^ is_final).nonzero()[0]  # only prefill rows: decode rows have 1 token
-    arrays: dict[str, IntArray] = dict(zip(_ROW_KEYS, (qsl, slt, track_out, mask_out), strict=True))
+    arrays: dict[str, IntArray] = dict(
+        zip(_ROW_KEYS, (qsl, slt, track_out, is_final.astype(np.int64)), strict=True)
+    )
+    staging = None
     h_rows = rc_rows = _EMPTY
-    if n_pre:
+    if not n_pre:
+        if device is not None:
+            staging, _ = _pack(device, [qsl, slt, track_out], (), [is_final], _ORDER_ROWS)
+    else:
         # The prefill plan: chunks, conv windows, mid-row saves. A decode-only batch (the
         # hot path of a decode step) skips all of it: its rows have one token each, so a
         # save is always the row's final token.
@@ -613,80 +728,104 @@ def plan_host(
         n_phys = -(-total // L)
         grid = np.arange(0, (n_phys + 1) * L, L, dtype=np.int64)
         grid[-1] = total  # [0, L, .., (n_phys - 1) L, total]: the physical chunk edges
-        off_grid = row_start[row_start % L != 0]
         edges = grid
-        if off_grid.shape[0]:
-            edges = np.concatenate((grid, off_grid))
-            edges.sort()
+        if n_pre > 1:
+            off_grid = row_start[row_start % L != 0]
+            if off_grid.shape[0]:
+                edges = np.concatenate((grid, off_grid))
+                edges.sort()
         starts = edges[:-1]
         chunk_len = edges[1:] - starts
         # Row of each chunk: the last row starting at or before it (rows have >= 1 token).
         chunk_row = row_end.searchsorted(starts, "right")
         # A chunk is its row's first when it starts where its row starts.
-        chunk_first = (starts == row_start[chunk_row]).astype(np.int64)
+        chunk_first = starts == row_start[chunk_row]
         token_chunk = _iota(starts.shape[0]).repeat(chunk_len)
-        token_pos = _iota(total) - starts.repeat(chunk_len)
         row_last_chunk = starts.searchsorted(row_end) - 1
         phys_last_chunk = starts.searchsorted(grid[1:]) - 1
+        has_init = pre[:n_pre] > 0
 
         # Conv windows over the extended input (tokens, then each row's K-1 initial
         # inputs from index init[r]): token t reads t-(K-1) .. t, where the first K-1
         # tokens of a row read its initial state; a row's final window is its last K-1
         # inputs.
         init = _iota(n_pre) * k1 + total
-        short = bool(ext[:n_pre].min() < k1)  # some row is shorter than its window
+        # Some row is shorter than its window (a decode row is: then ask the prefill rows).
+        short = (int(ext[:n_pre].min()) if num_decodes else ext_min) < k1
         patch_j, patch_flat, patch_col, off = _patch(k1)
-        token_conv = _window_base(total, conv_kernel)
         cell = (row_start * conv_kernel)[:, None] + patch_flat
         value = init[:, None] + patch_col
         if short:
             inside = ext[:n_pre, None] > patch_j
             cell, value = cell[inside], value[inside]
-        token_conv.put(cell, value)
-        final_conv = _windows(row_end, row_start, init, off, not short)
+        final_conv = _windows(row_end, row_start, init, off, not short).reshape(-1)
 
         # Mid-row saves: on the chunk grid (the chunk's end state) or recomputed.
         h_chunk = rc_chunk = rc_len = mid_conv = _EMPTY
         if mid_rows.shape[0]:
-            g = qsl[mid_rows] + k[mid_rows]  # flattened position after the boundary token
-            on = g % L == 0
-            h_rows, rc_rows = mid_rows[on], mid_rows[~on]
-            h_g, rc_g = g[on], g[~on]
-            h_chunk = phys_last_chunk[h_g // L - 1]
-            rc_chunk = starts.searchsorted(rc_g - 1, "right") - 1
-            rc_len = rc_g - starts[rc_chunk]
-            rows = np.concatenate((h_rows, rc_rows))
-            g = np.concatenate((h_g, rc_g))
+            # g: flattened position after the boundary token. Rows on the grid first
+            # (g % L == 0: h), then the others (recompute), each in row order.
+            g = qsl[mid_rows + 1] - rem[mid_rows]
+            off_grid_save = (g % L) != 0
+            order = off_grid_save.argsort(kind="stable")
+            rows, g = mid_rows[order], g[order]
+            n_h = rows.shape[0] - int(np.count_nonzero(off_grid_save))
+            h_rows, rc_rows = rows[:n_h], rows[n_h:]
+            # The logical chunk holding the boundary token (on the grid: the physical
+            # chunk's last, whose end state is the boundary's).
+            chunk = starts.searchsorted(g - 1, "right") - 1
+            h_chunk, rc_chunk = chunk[:n_h], chunk[n_h:]
+            rc_len = g[n_h:] - starts[rc_chunk]
             mid_start = qsl[rows]
             whole = bool((g - mid_start).min() >= k1)
-            mid_conv = _windows(g, mid_start, init[rows], off, whole)
+            mid_conv = _windows(g, mid_start, init[rows], off, whole).reshape(-1)
+
+        # The token-sized parts are written in place: into the staged buffer when there
+        # is one (everything else is copied there in one pass).
+        if device is None:
+            token_pos = np.empty(total, dtype=np.int64)
+            token_conv = np.empty(total * conv_kernel, dtype=np.int64)
+        else:
+            small = [qsl, slt, track_out, starts, chunk_len, chunk_row, token_chunk,
+                     row_last_chunk, phys_last_chunk, final_conv, h_rows, h_chunk, rc_rows,
+                     rc_chunk, rc_len, mid_conv]  # fmt: skip
+            staging, (token_pos, token_conv) = _pack(
+                device,
+                small,
+                (total, total * conv_kernel),
+                [is_final, has_init, chunk_first],
+                _ORDER_MIXED,
+            )
+        np.subtract(_iota(total), starts.repeat(chunk_len), out=token_pos)
+        _fill_windows(token_conv, total, conv_kernel)
+        token_conv.put(cell, value)
 
         arrays.update(
             zip(
                 _MIXED_KEYS[4:],
                 (
-                    (pre[:n_pre] > 0).astype(np.int64),
+                    has_init.astype(np.int64),
                     starts,
                     chunk_len,
                     chunk_row,
-                    chunk_first,
+                    chunk_first.astype(np.int64),
                     token_chunk,
                     token_pos,
                     row_last_chunk,
                     phys_last_chunk,
-                    token_conv.reshape(-1),
-                    final_conv.reshape(-1),
+                    token_conv,
+                    final_conv,
                     h_rows,
                     h_chunk,
                     rc_rows,
                     rc_chunk,
                     rc_len,
-                    mid_conv.reshape(-1),
+                    mid_conv,
                 ),
                 strict=True,
             )
         )
-    return MixedHostPlan(
+    hp = MixedHostPlan(
         arrays=arrays,
         num_prefills=n_pre,
         num_decodes=num_decodes,
@@ -699,6 +838,36 @@ def plan_host(
         h_rows=tuple(h_rows.tolist()),
         recompute_rows=tuple(rc_rows.tolist()),
     )
+    return hp, staging
+
+
+def _pack(
+    device: torch.device,
+    small: list[IntArray],
+    big: tuple[int, ...],
+    masks: list[npt.NDArray[np.bool_]],
+    order: tuple[int, ...],
+) -> tuple[_Staging, list[IntArray]]:
+    """The staging buffer of a plan: ``small`` copied in one pass, room for the ``big``
+    parts (returned, to be written in place), then ``masks`` as bytes."""
+    sizes = [a.shape[0] for a in small]
+    n_small = sum(sizes)
+    n_int = n_small + sum(big)
+    mask_sizes = [m.shape[0] for m in masks]
+    n_bool = sum(mask_sizes)
+    words = -(-n_bool // 8)
+    host = torch.empty(n_int + words, dtype=torch.int64, pin_memory=device.type == "cuda")
+    buf = host.numpy()
+    np.concatenate(small, out=buf[:n_small])
+    out = []
+    at = n_small
+    for size in big:
+        out.append(buf[at : at + size])
+        at += size
+    np.concatenate(masks, out=buf.view(np.bool_)[8 * n_int : 8 * n_int + n_bool])
+    sizes += [*big, words]
+    staging = _Staging(host, sizes, [8 * n_int, *mask_sizes, 8 * words - n_bool], order)
+    return staging, out
 
 
 def plan_mixed_batch(
@@ -718,7 +887,8 @@ def plan_mixed_batch(
 
     Parameters are those of :func:`plan_host`, plus the ``device`` of the metadata.
     """
-    hp = plan_host(
+    dev = device if isinstance(device, torch.device) else torch.device(device)
+    hp, staging = _plan(
         extend_lens=extend_lens,
         prefix_lens=prefix_lens,
         slots=slots,
@@ -728,10 +898,10 @@ def plan_mixed_batch(
         track_interval=track_interval,
         track_mask=track_mask,
         track_slots=track_slots,
+        device=dev,
     )
-    dev = device if isinstance(device, torch.device) else torch.device(device)
-    bools = _MIXED_BOOLS if hp.num_prefills else _ROW_BOOLS
-    return hp._build(pack_arrays(list(hp.arrays.values()), dev, as_bool=bools), {})
+    assert staging is not None  # planned for a device
+    return hp._build(staging.views(dev), {})
 
 
 @attrs.frozen(kw_only=True, eq=False)
