@@ -145,51 +145,67 @@ class MixedHostPlan:
 
     def metadata(self, views: Mapping[str, torch.Tensor], **engine: object) -> Mamba2Metadata:
         """The forward's ``Mamba2Metadata`` over staged ``views`` of :attr:`arrays`."""
-        return self._build(_staged(views, _MIXED_KEYS if self.num_prefills else _ROW_KEYS), engine)
+        v = _staged(views, _MIXED_KEYS if self.num_prefills else _ROW_KEYS)
+        return _metadata(
+            v, engine, self.num_prefills, self.num_decodes, self.num_prefill_tokens,
+            self.chunk_size, self.conv_kernel, self.track, self.any_final_save,
+        )  # fmt: skip
 
-    def _build(self, v: Sequence[torch.Tensor], engine: Mapping[str, object]) -> Mamba2Metadata:
-        """:meth:`metadata` over the staged views of :attr:`arrays`, in their order."""
-        fwd = _forward(v[:4], self.track, self.any_final_save, engine)
-        if not self.num_prefills:
-            return prepare_decode(fwd)
-        (has_init, chunk_start, chunk_len, chunk_row, chunk_first, token_chunk, token_pos,
-         row_last_chunk, phys_last_chunk, token_conv, final_conv, h_rows, h_chunk, rc_rows,
-         rc_chunk, rc_len, mid_conv) = v[4:]  # fmt: skip
-        k1 = self.conv_kernel - 1
-        mixed = MixedMetadata(
-            has_initial_states=_as_bool(has_init),
-            chunks=ChunkPlan(
-                chunk_size=self.chunk_size,
-                start=chunk_start,
-                length=chunk_len,
-                row=chunk_row,
-                first=_as_bool(chunk_first),
-                token_chunk=token_chunk,
-                token_pos=token_pos,
-                row_last_chunk=row_last_chunk,
-                phys_last_chunk=phys_last_chunk,
-            ),
-            conv=ConvWindows(
-                kernel_size=self.conv_kernel,
-                token_windows=token_conv.view(self.num_prefill_tokens, self.conv_kernel),
-                final_windows=final_conv.view(self.num_prefills, k1),
-            ),
-            track=ExtendTrackPlan(
-                h_rows=h_rows,
-                h_chunk=h_chunk,
-                recompute_rows=rc_rows,
-                recompute_chunk=rc_chunk,
-                recompute_len=rc_len,
-                windows=mid_conv.view(-1, k1),
-            ),
-        )
-        return Mamba2Metadata.evolve_from(
-            fwd,
-            num_prefills=self.num_prefills,
-            num_prefill_tokens=self.num_prefill_tokens,
-            num_decodes=self.num_decodes,
-            mixed=mixed,
-        )
+
+def _metadata(
+    v: Sequence[torch.Tensor],
+    engine: Mapping[str, object],
+    num_prefills: int,
+    num_decodes: int,
+    num_prefill_tokens: int,
+    chunk_size: int,
+    conv_kernel: int,
+    track: bool,
+    any_final_save: bool,
+) -> Mamba2Metadata:
+    """A mixed forward's ``Mamba2Metadata`` over the staged views of its plan's arrays, in
+    :attr:`MixedHostPlan.arrays`' order (the masks int or bool)."""
+    fwd = _forward(v[:4], track, any_final_save, engine)
+    if not num_prefills:
+        return prepare_decode(fwd)
+    (has_init, chunk_start, chunk_len, chunk_row, chunk_first, token_chunk, token_pos,
+     row_last_chunk, phys_last_chunk, token_conv, final_conv, h_rows, h_chunk, rc_rows,
+     rc_chunk, rc_len, mid_conv) = v[4:]  # fmt: skip
+    k1 = conv_kernel - 1
+    mixed = MixedMetadata(
+        has_initial_states=_as_bool(has_init),
+        chunks=ChunkPlan(
+            chunk_size=chunk_size,
+            start=chunk_start,
+            length=chunk_len,
+            row=chunk_row,
+            first=_as_bool(chunk_first),
+            token_chunk=token_chunk,
+            token_pos=token_pos,
+            row_last_chunk=row_last_chunk,
+            phys_last_chunk=phys_last_chunk,
+        ),
+        conv=ConvWindows(
+            kernel_size=conv_kernel,
+            token_windows=token_conv.view(num_prefill_tokens, conv_kernel),
+            final_windows=final_conv.view(num_prefills, k1),
+        ),
+        track=ExtendTrackPlan(
+            h_rows=h_rows,
+            h_chunk=h_chunk,
+            recompute_rows=rc_rows,
+            recompute_chunk=rc_chunk,
+            recompute_len=rc_len,
+            windows=mid_conv.view(-1, k1),
+        ),
+    )
+    return Mamba2Metadata.evolve_from(
+        fwd,
+        num_prefills=num_prefills,
+        num_prefill_tokens=num_prefill_tokens,
+        num_decodes=num_decodes,
+        mixed=mixed,
+    )
 
 
 def _staged(
@@ -384,6 +400,7 @@ def _has_duplicate(values: IntArray) -> bool:
 
 def _rows_ok(
     ext_min: int,
+    pre_min: int,
     ext: IntArray,
     pre: IntArray,
     slots: IntArray,
@@ -393,12 +410,13 @@ def _rows_ok(
 ) -> bool:
     """Whether every rule of :func:`_check_rows` and :func:`_check_track` holds: one
     reduction per rule and one sort of the working and tracked slots together (distinct
-    and >= 0 covers both checks' slot rules; ``ext_min``: the least of ``ext``).
+    and >= 0 covers both checks' slot rules; ``ext_min``, ``pre_min``: the least of
+    ``ext`` and ``pre``, any value when one is empty).
     ``False`` sends the caller to those checks, which name the rule broken."""
     n = ext.shape[0]
     if not (n and pre.shape[0] == n and slots.shape[0] == n and 0 <= num_decodes <= n):
         return False
-    if ext_min < 1 or pre.min() < 0:
+    if ext_min < 1 or pre_min < 0:
         return False
     if num_decodes and (ext[n - num_decodes :].max() != 1 or pre[n - num_decodes :].min() < 1):
         return False
@@ -612,7 +630,7 @@ def plan_host(
     ValueError
         Inconsistent configuration or rows; the message names the field and the rule.
     """
-    return _plan(
+    hp = _plan(
         extend_lens=extend_lens,
         prefix_lens=prefix_lens,
         slots=slots,
@@ -623,7 +641,9 @@ def plan_host(
         track_mask=track_mask,
         track_slots=track_slots,
         device=None,
-    )[0]
+    )
+    assert isinstance(hp, MixedHostPlan)
+    return hp
 
 
 def _plan(
@@ -638,8 +658,9 @@ def _plan(
     track_mask: BoolLike | None,
     track_slots: IntLike | None,
     device: torch.device | None,
-) -> tuple[MixedHostPlan, _Staging | None]:
-    """:func:`plan_host`; with a ``device``, also the plan packed for it (:class:`_Staging`)."""
+) -> MixedHostPlan | Mamba2Metadata:
+    """:func:`plan_host`; with a ``device``, :func:`plan_mixed_batch`: the plan is packed
+    for the device as it is computed (:class:`_Staging`), and no host plan is kept."""
     _check_config(chunk_size, track_interval, conv_kernel)
     tracking = track_mask is not None and track_slots is not None and track_interval is not None
     tslots: IntArray | None = None
@@ -652,20 +673,23 @@ def _plan(
         ext, pre, slt = ints[0], ints[1], ints[2]
         if tracking:
             tslots = ints[3]
+        ext_min, pre_min = np.minimum.reduce(ints[:2], axis=1).tolist()
     else:
         ext = _host_ints("extend_lens", extend_lens)
         pre = _host_ints("prefix_lens", prefix_lens)
         slt = _host_ints("slots", slots)
-    ext_min = int(ext.min()) if ext.shape[0] else 0
+        ext_min = int(ext.min()) if ext.shape[0] else 0
+        pre_min = int(pre.min()) if pre.shape[0] else 0
     tmask: npt.NDArray[np.bool_] | None = None
     if track_mask is None:
-        ok = track_slots is None and _rows_ok(ext_min, ext, pre, slt, num_decodes, None, None)
+        ok = track_slots is None
+        ok = ok and _rows_ok(ext_min, pre_min, ext, pre, slt, num_decodes, None, None)
     elif tracking:
         tmask = _try_host(_host_bools, "track_mask", track_mask)
         if tslots is None:
             tslots = _try_host(_host_ints, "track_slots", track_slots)  # type: ignore[arg-type]
         ok = tmask is not None and tslots is not None
-        ok = ok and _rows_ok(ext_min, ext, pre, slt, num_decodes, tmask, tslots)
+        ok = ok and _rows_ok(ext_min, pre_min, ext, pre, slt, num_decodes, tmask, tslots)
     else:
         ok = False
     if not ok:
@@ -707,11 +731,9 @@ def _plan(
         track_out = np.where(saves, tslots, -1)
         final_rows = tuple(is_final.nonzero()[0].tolist())
         mid_rows = (saves ^ is_final).nonzero()[0]  # only prefill rows: decode rows have 1 token
-    arrays: dict[str, IntArray] = dict(
-        zip(_ROW_KEYS, (qsl, slt, track_out, is_final.astype(np.int64)), strict=True)
-    )
     staging = None
     h_rows = rc_rows = _EMPTY
+    prefill: tuple[IntArray, ...] = ()
     if not n_pre:
         if device is not None:
             staging, _ = _pack(device, [qsl, slt, track_out], (), [is_final], _ORDER_ROWS)
@@ -799,46 +821,36 @@ def _plan(
         np.subtract(_iota(total), starts.repeat(chunk_len), out=token_pos)
         _fill_windows(token_conv, total, conv_kernel)
         token_conv.put(cell, value)
-
-        arrays.update(
-            zip(
-                _MIXED_KEYS[4:],
-                (
-                    has_init.astype(np.int64),
-                    starts,
-                    chunk_len,
-                    chunk_row,
-                    chunk_first.astype(np.int64),
-                    token_chunk,
-                    token_pos,
-                    row_last_chunk,
-                    phys_last_chunk,
-                    token_conv,
-                    final_conv,
-                    h_rows,
-                    h_chunk,
-                    rc_rows,
-                    rc_chunk,
-                    rc_len,
-                    mid_conv,
-                ),
-                strict=True,
-            )
-        )
-    hp = MixedHostPlan(
+        if device is None:
+            prefill = (
+                has_init.astype(np.int64), starts, chunk_len, chunk_row,
+                chunk_first.astype(np.int64), token_chunk, token_pos, row_last_chunk,
+                phys_last_chunk, token_conv, final_conv, h_rows, h_chunk, rc_rows, rc_chunk,
+                rc_len, mid_conv,
+            )  # fmt: skip
+    track = track_mask is not None
+    if device is not None:
+        # Planned for a device: its metadata over the staged views (no host arrays kept).
+        assert staging is not None
+        return _metadata(
+            staging.views(device), {}, n_pre, num_decodes, total, L, conv_kernel, track,
+            bool(final_rows),
+        )  # fmt: skip
+    parts = (qsl, slt, track_out, is_final.astype(np.int64), *prefill)
+    arrays = dict(zip(_MIXED_KEYS if n_pre else _ROW_KEYS, parts, strict=True))
+    return MixedHostPlan(
         arrays=arrays,
         num_prefills=n_pre,
         num_decodes=num_decodes,
         num_prefill_tokens=total,
         chunk_size=L,
         conv_kernel=conv_kernel,
-        track=track_mask is not None,
+        track=track,
         any_final_save=bool(final_rows),
         final_rows=final_rows,
         h_rows=tuple(h_rows.tolist()),
         recompute_rows=tuple(rc_rows.tolist()),
     )
-    return hp, staging
 
 
 def _pack(
@@ -856,8 +868,12 @@ def _pack(
     mask_sizes = [m.shape[0] for m in masks]
     n_bool = sum(mask_sizes)
     words = -(-n_bool // 8)
-    host = torch.empty(n_int + words, dtype=torch.int64, pin_memory=device.type == "cuda")
-    buf = host.numpy()
+    if device.type == "cuda":  # page-locked: the copy is truly asynchronous
+        host = torch.empty(n_int + words, dtype=torch.int64, pin_memory=True)
+        buf = host.numpy()
+    else:
+        buf = np.empty(n_int + words, dtype=np.int64)
+        host = torch.from_numpy(buf)
     np.concatenate(small, out=buf[:n_small])
     out = []
     at = n_small
@@ -888,7 +904,7 @@ def plan_mixed_batch(
     Parameters are those of :func:`plan_host`, plus the ``device`` of the metadata.
     """
     dev = device if isinstance(device, torch.device) else torch.device(device)
-    hp, staging = _plan(
+    md = _plan(
         extend_lens=extend_lens,
         prefix_lens=prefix_lens,
         slots=slots,
@@ -900,8 +916,8 @@ def plan_mixed_batch(
         track_slots=track_slots,
         device=dev,
     )
-    assert staging is not None  # planned for a device
-    return hp._build(staging.views(dev), {})
+    assert isinstance(md, Mamba2Metadata)
+    return md
 
 
 @attrs.frozen(kw_only=True, eq=False)
