@@ -473,7 +473,8 @@ def _iota(n: int) -> IntArray:
     if cached.shape[0] < n:
         if n > _CACHE_TOKENS:
             return np.arange(n, dtype=np.int64)
-        cached = _read_only(np.arange(max(n, 2 * cached.shape[0], 1024), dtype=np.int64))
+        grown = min(max(n, 2 * cached.shape[0], 1024), _CACHE_TOKENS)
+        cached = _read_only(np.arange(grown, dtype=np.int64))
         _iota_cache[0] = cached
     return cached[:n]
 
@@ -484,11 +485,8 @@ def _fill_windows(out: IntArray, total: int, kernel: int) -> None:
     states, copied from a cached template."""
     cached = _window_cache.get(kernel)
     if cached is None or cached.shape[0] < total:
-        rows = (
-            total
-            if total > _CACHE_TOKENS
-            else max(total, 1024, 2 * (0 if cached is None else cached.shape[0]))
-        )
+        grown = max(total, 1024, 2 * (0 if cached is None else cached.shape[0]))
+        rows = total if total > _CACHE_TOKENS else min(grown, _CACHE_TOKENS)
         built = np.empty((rows, kernel), dtype=np.int64)
         base = np.arange(1 - kernel, rows + 1 - kernel, dtype=np.int64)
         # Column by column: numpy's broadcast over a 4-wide inner axis is several times slower.
