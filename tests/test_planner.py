@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
-from hybridmeta import Mamba2Metadata, debug_mode
+from hybridmeta import Mamba2Metadata, debug_mode, planner
 from hybridmeta.planner import MixedHostPlan, plan_host, plan_mixed_batch
 from hybridmeta.staging import to_device_packed
 
@@ -204,3 +205,36 @@ def test_refuses_meta_tensors_as_host_data() -> None:
     # any non-CPU tensor is refused before it is read (meta stands in for a device here)
     with pytest.raises(ValueError, match="slots must be host data"):
         _plan(slots=torch.tensor([0, 1], device="meta"))
+
+
+def test_the_plan_never_aliases_the_callers_arrays() -> None:
+    slots = np.array([4, 2])
+    lens = torch.tensor([5, 5])
+    hp = _host(slots=slots, extend_lens=lens)
+    slots[0] = 9
+    lens[0] = 1
+    assert hp.arrays["hybridmeta.slots"].tolist() == [4, 2]
+    assert hp.arrays["hybridmeta.query_start_loc"].tolist() == [0, 5, 10]
+
+
+def test_cached_host_constants_give_the_uncached_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Long batches bypass the cached iota / window template: the same arrays either way.
+    kw: dict[str, Any] = {
+        "extend_lens": [50, 2, 70, 1, 1],
+        "prefix_lens": [0, 3, 9, 4, 6],
+        "slots": [0, 1, 2, 3, 4],
+        "num_decodes": 2,
+        "chunk_size": 8,
+        "track_interval": 16,
+        "track_mask": [True] * 5,
+        "track_slots": [5, 6, 7, 8, 9],
+    }
+    for k in (2, 3, 4):
+        cached = _host(**kw, conv_kernel=k)
+        monkeypatch.setattr(planner, "_CACHE_TOKENS", 0)
+        direct = _host(**kw, conv_kernel=k)
+        monkeypatch.undo()
+        assert list(cached.arrays) == list(direct.arrays)
+        for name, a in cached.arrays.items():
+            assert a.dtype == direct.arrays[name].dtype
+            assert np.array_equal(a, direct.arrays[name]), name

@@ -51,3 +51,34 @@ def test_a_device_tensor_part_is_refused_by_name() -> None:
     }
     with pytest.raises(ValueError, match="part 'elsewhere' must be host data"):
         to_device_packed(parts, torch.device("cpu"))
+
+
+def _as_bool_round_trip(device: torch.device) -> None:
+    parts: dict[str, torch.Tensor | npt.NDArray[Any]] = {
+        "a": np.array([3, 1, 4]),
+        "mask": np.array([0, 2, 0, 1]),
+        "b": torch.tensor([[1, 5], [9, 2]]),
+        "flag": np.array([True]),
+        "empty": np.zeros(0, dtype=np.int64),
+    }
+    for dtype in (torch.int64, torch.int32):
+        out = to_device_packed(parts, device, dtype=dtype, as_bool={"mask", "flag", "absent"})
+        assert list(out) == list(parts)
+        assert out["mask"].dtype == torch.bool and out["flag"].dtype == torch.bool
+        assert out["mask"].cpu().tolist() == [False, True, False, True]
+        assert out["flag"].cpu().tolist() == [True]
+        assert out["a"].dtype == dtype and out["a"].cpu().tolist() == [3, 1, 4]
+        assert out["b"].dtype == dtype and out["b"].cpu().tolist() == [[1, 5], [9, 2]]
+        assert out["empty"].shape == (0,)
+        # the masks too are views of the one staged buffer
+        base = out["a"].untyped_storage().data_ptr()
+        assert {v.untyped_storage().data_ptr() for v in out.values()} == {base}
+
+
+def test_as_bool_parts_cpu() -> None:
+    _as_bool_round_trip(torch.device("cpu"))
+
+
+@pytest.mark.gpu
+def test_as_bool_parts_cuda_pinned() -> None:
+    _as_bool_round_trip(torch.device("cuda", torch.cuda.current_device()))

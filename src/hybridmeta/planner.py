@@ -42,14 +42,14 @@ accepted tokens reach it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import TypeVar
 
 import attrs
 import numpy as np
 import numpy.typing as npt
 import torch
 
-from hybridmeta.chunks import logical_chunk_starts
 from hybridmeta.model import (
     ChunkPlan,
     ConvWindows,
@@ -60,9 +60,10 @@ from hybridmeta.model import (
     prepare_decode,
     prepare_target_verify,
 )
-from hybridmeta.staging import to_device_packed
+from hybridmeta.staging import pack_arrays
 
 __all__ = [
+    "BOOL_PARTS",
     "MixedHostPlan",
     "VerifyHostPlan",
     "plan_host",
@@ -75,8 +76,32 @@ IntArray = npt.NDArray[np.int64]
 IntLike = Sequence[int] | torch.Tensor | npt.NDArray[np.integer]
 BoolLike = Sequence[bool] | torch.Tensor | npt.NDArray[np.bool_]
 
+_V = TypeVar("_V")
+_A = TypeVar("_A")
+
 _P = "hybridmeta."  # key prefix of the planner's staged arrays
 _PV = "hybridmeta.verify."  # ... of a verify plan's
+_EMPTY: IntArray = np.zeros(0, dtype=np.int64)
+_EMPTY.flags.writeable = False
+
+
+# Keys of the staged arrays, in the order plan_host lays them out.
+_ROW_NAMES = ("query_start_loc", "slots", "track_slots", "track_mask")
+_PREFILL_NAMES = (
+    "has_init", "chunk_start", "chunk_len", "chunk_row", "chunk_first", "token_chunk",
+    "token_pos", "row_last_chunk", "phys_last_chunk", "token_conv", "final_conv", "h_rows",
+    "h_chunk", "rc_rows", "rc_chunk", "rc_len", "mid_conv",
+)  # fmt: skip
+_ROW_KEYS = tuple(_P + n for n in _ROW_NAMES)
+_VERIFY_KEYS = tuple(_PV + n for n in _ROW_NAMES)
+_MIXED_KEYS = _ROW_KEYS + tuple(_P + n for n in _PREFILL_NAMES)
+_ROW_BOOLS = (False, False, False, True)  # track_mask
+#: The 0/1 arrays of a plan whose metadata fields are bool masks. Staged as bool
+#: (``to_device_packed(..., as_bool=BOOL_PARTS)``; ``plan_mixed_batch`` and ``plan_verify``
+#: do), the metadata takes views of the staged buffer instead of one ``!= 0`` op per mask.
+BOOL_PARTS: frozenset[str] = frozenset(
+    {_P + "track_mask", _P + "has_init", _P + "chunk_first", _PV + "track_mask"}
+)
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -87,7 +112,8 @@ class MixedHostPlan:
     ----------
     arrays : dict of str to numpy array
         Every device-side array of the forward (int64), keyed ``"hybridmeta.<name>"``;
-        stage them with :func:`~hybridmeta.staging.to_device_packed`.
+        stage them with :func:`~hybridmeta.staging.to_device_packed` (with
+        ``as_bool=hybridmeta.planner.BOOL_PARTS`` the masks need no op on the device).
     num_prefills, num_decodes, num_prefill_tokens, chunk_size, conv_kernel : int
     track : bool
         Track fields are present (``track_mask`` was given).
@@ -115,72 +141,105 @@ class MixedHostPlan:
         ``engine`` passes further ``ForwardMetadata`` fields of the engine's own (e.g.
         ``mamba_track_mask_indices``) through the same constructor.
         """
-        return _forward(_views(views), self.track, self.any_final_save, **engine)
+        return _forward(_staged(views, _ROW_KEYS), self.track, self.any_final_save, engine)
 
     def metadata(self, views: Mapping[str, torch.Tensor], **engine: object) -> Mamba2Metadata:
         """The forward's ``Mamba2Metadata`` over staged ``views`` of :attr:`arrays`."""
-        v = _views(views)
-        fwd = _forward(v, self.track, self.any_final_save, **engine)
-        if not self.num_prefills:
-            return prepare_decode(fwd)
-        k1 = self.conv_kernel - 1
-        mixed = MixedMetadata(
-            has_initial_states=v["has_init"] != 0,
-            chunks=ChunkPlan(
-                chunk_size=self.chunk_size,
-                start=v["chunk_start"],
-                length=v["chunk_len"],
-                row=v["chunk_row"],
-                first=v["chunk_first"] != 0,
-                token_chunk=v["token_chunk"],
-                token_pos=v["token_pos"],
-                row_last_chunk=v["row_last_chunk"],
-                phys_last_chunk=v["phys_last_chunk"],
-            ),
-            conv=ConvWindows(
-                kernel_size=self.conv_kernel,
-                token_windows=v["token_conv"].view(self.num_prefill_tokens, self.conv_kernel),
-                final_windows=v["final_conv"].view(self.num_prefills, k1),
-            ),
-            track=ExtendTrackPlan(
-                h_rows=v["h_rows"],
-                h_chunk=v["h_chunk"],
-                recompute_rows=v["rc_rows"],
-                recompute_chunk=v["rc_chunk"],
-                recompute_len=v["rc_len"],
-                windows=v["mid_conv"].view(-1, k1),
-            ),
-        )
-        return Mamba2Metadata.evolve_from(
-            fwd,
-            num_prefills=self.num_prefills,
-            num_prefill_tokens=self.num_prefill_tokens,
-            num_decodes=self.num_decodes,
-            mixed=mixed,
-        )
+        v = _staged(views, _MIXED_KEYS if self.num_prefills else _ROW_KEYS)
+        return _metadata(
+            v, engine, self.num_prefills, self.num_decodes, self.num_prefill_tokens,
+            self.chunk_size, self.conv_kernel, self.track, self.any_final_save,
+        )  # fmt: skip
 
 
-def _views(
-    views: Mapping[str, torch.Tensor], prefix: str = _P, owner: str = "MixedHostPlan"
-) -> dict[str, torch.Tensor]:
-    out = {k[len(prefix) :]: t for k, t in views.items() if k.startswith(prefix)}
-    if "slots" not in out:
+def _metadata(
+    v: Sequence[torch.Tensor],
+    engine: Mapping[str, object],
+    num_prefills: int,
+    num_decodes: int,
+    num_prefill_tokens: int,
+    chunk_size: int,
+    conv_kernel: int,
+    track: bool,
+    any_final_save: bool,
+) -> Mamba2Metadata:
+    """A mixed forward's ``Mamba2Metadata`` over the staged views of its plan's arrays, in
+    :attr:`MixedHostPlan.arrays`' order (the masks int or bool)."""
+    fwd = _forward(v[:4], track, any_final_save, engine)
+    if not num_prefills:
+        return prepare_decode(fwd)
+    (has_init, chunk_start, chunk_len, chunk_row, chunk_first, token_chunk, token_pos,
+     row_last_chunk, phys_last_chunk, token_conv, final_conv, h_rows, h_chunk, rc_rows,
+     rc_chunk, rc_len, mid_conv) = v[4:]  # fmt: skip
+    k1 = conv_kernel - 1
+    mixed = MixedMetadata(
+        has_initial_states=_as_bool(has_init),
+        chunks=ChunkPlan(
+            chunk_size=chunk_size,
+            start=chunk_start,
+            length=chunk_len,
+            row=chunk_row,
+            first=_as_bool(chunk_first),
+            token_chunk=token_chunk,
+            token_pos=token_pos,
+            row_last_chunk=row_last_chunk,
+            phys_last_chunk=phys_last_chunk,
+        ),
+        conv=ConvWindows(
+            kernel_size=conv_kernel,
+            token_windows=token_conv.view(num_prefill_tokens, conv_kernel),
+            final_windows=final_conv.view(num_prefills, k1),
+        ),
+        track=ExtendTrackPlan(
+            h_rows=h_rows,
+            h_chunk=h_chunk,
+            recompute_rows=rc_rows,
+            recompute_chunk=rc_chunk,
+            recompute_len=rc_len,
+            windows=mid_conv.view(-1, k1),
+        ),
+    )
+    return Mamba2Metadata.evolve_from(
+        fwd,
+        num_prefills=num_prefills,
+        num_prefill_tokens=num_prefill_tokens,
+        num_decodes=num_decodes,
+        mixed=mixed,
+    )
+
+
+def _staged(
+    views: Mapping[str, torch.Tensor],
+    keys: tuple[str, ...],
+    owner: str = "MixedHostPlan",
+    prefix: str = _P,
+) -> list[torch.Tensor]:
+    """The staged views of ``keys`` (``prefix`` + name), in order."""
+    try:
+        return [views[k] for k in keys]
+    except KeyError:
         raise ValueError(
             f"{owner}: views must hold the staged {owner}.arrays (keys "
             f"'{prefix}<name>'); got {sorted(views)[:4]}"
-        )
-    return out
+        ) from None
+
+
+def _as_bool(t: torch.Tensor) -> torch.Tensor:
+    """A staged 0/1 array as a mask: the view itself when it was staged as bool."""
+    return t if t.dtype == torch.bool else t != 0
 
 
 def _forward(
-    v: Mapping[str, torch.Tensor], track: bool, any_save: bool, **fields: object
+    v: Sequence[torch.Tensor], track: bool, any_save: bool, fields: Mapping[str, object]
 ) -> ForwardMetadata:
-    """The ``ForwardMetadata`` of a staged plan (mixed or verify): offsets, slots, tracking."""
+    """The ``ForwardMetadata`` of a staged plan (mixed or verify): offsets, slots, tracking
+    (``v``: the staged ``query_start_loc``, ``slots``, ``track_slots``, ``track_mask``)."""
+    qsl, slots, track_slots, track_mask = v
     return ForwardMetadata(
-        query_start_loc=v["query_start_loc"],
-        mamba_cache_indices=v["slots"],
-        mamba_track_indices=v["track_slots"] if track else None,
-        mamba_track_mask=(v["track_mask"] != 0) if track else None,
+        query_start_loc=qsl,
+        mamba_cache_indices=slots,
+        mamba_track_indices=track_slots if track else None,
+        mamba_track_mask=_as_bool(track_mask) if track else None,
         has_mamba_track_mask=any_save,
         **fields,  # type: ignore[arg-type]
     )
@@ -204,7 +263,10 @@ def _host_ints(name: str, value: IntLike) -> IntArray:
     # dtype.kind: signed or unsigned integer ('i', 'u'); np.issubdtype is ~2 us a call
     if arr.size and arr.dtype.kind not in "iu":
         raise ValueError(f"plan_mixed_batch: {name} must hold integers, got dtype {arr.dtype}")
-    return arr.astype(np.int64).reshape(-1)
+    # A list or tuple was just converted: the array is ours. Anything else may share the
+    # caller's memory, and the plan keeps what it returns: a copy.
+    out = arr.astype(np.int64, copy=not isinstance(value, (list, tuple)))
+    return out if out.ndim == 1 else out.reshape(-1)
 
 
 def _host_bools(name: str, value: BoolLike) -> npt.NDArray[np.bool_]:
@@ -216,7 +278,8 @@ def _host_bools(name: str, value: BoolLike) -> npt.NDArray[np.bool_]:
     arr = np.asarray(value)
     if arr.size and arr.dtype != np.bool_:
         raise ValueError(f"plan_mixed_batch: {name} must be bool, got dtype {arr.dtype}")
-    return arr.astype(np.bool_).reshape(-1)
+    out = arr.astype(np.bool_, copy=not isinstance(value, (list, tuple)))
+    return out if out.ndim == 1 else out.reshape(-1)
 
 
 def _check_config(chunk_size: int, track_interval: int | None, conv_kernel: int) -> None:
@@ -335,34 +398,185 @@ def _has_duplicate(values: IntArray) -> bool:
     return bool((ordered[1:] == ordered[:-1]).any())
 
 
-def _ext_index(q: IntArray, row: IntArray, row_start: IntArray, total: int, k1: int) -> IntArray:
-    """Extended-input index of flattened position ``q`` as seen by prefill row ``row``."""
-    before = q < row_start
-    init_col = k1 - (row_start - q)  # column of the row's initial state, oldest first
-    return np.where(before, total + row * k1 + init_col, q)
+def _rows_ok(
+    ext_min: int,
+    pre_min: int,
+    ext: IntArray,
+    pre: IntArray,
+    slots: IntArray,
+    num_decodes: int,
+    track_mask: npt.NDArray[np.bool_] | None,
+    track_slots: IntArray | None,
+) -> bool:
+    """Whether every rule of :func:`_check_rows` and :func:`_check_track` holds: one
+    reduction per rule and one sort of the working and tracked slots together (distinct
+    and >= 0 covers both checks' slot rules; ``ext_min``, ``pre_min``: the least of
+    ``ext`` and ``pre``, any value when one is empty).
+    ``False`` sends the caller to those checks, which name the rule broken."""
+    n = ext.shape[0]
+    if not (n and pre.shape[0] == n and slots.shape[0] == n and 0 <= num_decodes <= n):
+        return False
+    if ext_min < 1 or pre_min < 0:
+        return False
+    if num_decodes and (ext[n - num_decodes :].max() != 1 or pre[n - num_decodes :].min() < 1):
+        return False
+    if track_mask is None or track_slots is None:
+        pool = slots.copy()
+    elif track_mask.shape[0] != n or track_slots.shape[0] != n:
+        return False
+    else:
+        pool = np.concatenate((slots, track_slots[track_mask]))
+    pool.sort()
+    return bool(pool[0] >= 0) and not bool((pool[1:] == pool[:-1]).any())
 
 
-def _token_windows(qsl: IntArray, total: int, k1: int) -> IntArray:
-    """``[total, k1 + 1]`` extended-input indices of every prefill token's conv window.
+def _int_rows(values: tuple[IntLike, ...]) -> IntArray | None:
+    """The per-row integer inputs as one ``[len(values), bs]`` int64 array, when each is a
+    list or tuple, all of one length, of integers; ``None`` otherwise (each input is then
+    converted on its own, which names the one that is wrong)."""
+    for v in values:
+        # A sequence that starts with a bool may be all bools, which is refused by name.
+        if not isinstance(v, (list, tuple)) or not v or isinstance(v[0], (bool, np.bool_)):
+            return None
+    try:
+        arr = np.array(values)
+    except (ValueError, TypeError, OverflowError):  # not of one length, ...
+        return None
+    if arr.ndim != 2 or not arr.shape[1] or arr.dtype.kind not in "iu":
+        return None
+    return arr.astype(np.int64, copy=False)
 
-    The same values as ``_ext_index`` over all tokens, without its full-size passes: a
-    window is the flattened positions ``t - k1 .. t`` except in the first ``k1`` tokens of
-    a row, whose leading entries read the row's initial state (few: patched in place).
+
+def _try_host(convert: Callable[[str, _V], _A], name: str, value: _V) -> _A | None:
+    try:
+        return convert(name, value)
+    except ValueError:
+        return None
+
+
+# Host constants of the plan, cached (read-only; the plan's arrays are always fresh).
+_CACHE_TOKENS = 1 << 16  # longest cached iota / window template (a batch's prefill tokens)
+_iota_cache: list[IntArray] = [np.zeros(0, dtype=np.int64)]
+_window_cache: dict[int, IntArray] = {}
+_Patch = tuple[IntArray, IntArray, IntArray, IntArray]
+_patch_cache: dict[int, _Patch] = {}
+
+
+def _read_only(a: IntArray) -> IntArray:
+    a.flags.writeable = False
+    return a
+
+
+def _iota(n: int) -> IntArray:
+    """``np.arange(n)`` as a read-only view of a cached array (never hand it out)."""
+    cached = _iota_cache[0]
+    if cached.shape[0] < n:
+        if n > _CACHE_TOKENS:
+            return np.arange(n, dtype=np.int64)
+        grown = min(max(n, 2 * cached.shape[0], 1024), _CACHE_TOKENS)
+        cached = _read_only(np.arange(grown, dtype=np.int64))
+        _iota_cache[0] = cached
+    return cached[:n]
+
+
+def _fill_windows(out: IntArray, total: int, kernel: int) -> None:
+    """Write ``[total, kernel]`` windows (flat, into ``out``) whose row ``t`` is
+    ``t - k1 .. t``: every token's conv window before the patch for the rows' initial
+    states, copied from a cached template."""
+    cached = _window_cache.get(kernel)
+    if cached is None or cached.shape[0] < total:
+        grown = max(total, 1024, 2 * (0 if cached is None else cached.shape[0]))
+        rows = total if total > _CACHE_TOKENS else min(grown, _CACHE_TOKENS)
+        built = np.empty((rows, kernel), dtype=np.int64)
+        base = np.arange(1 - kernel, rows + 1 - kernel, dtype=np.int64)
+        # Column by column: numpy's broadcast over a 4-wide inner axis is several times slower.
+        for c in range(kernel):
+            np.add(base, c, out=built[:, c])
+        if rows <= _CACHE_TOKENS:
+            _window_cache[kernel] = _read_only(built)
+        cached = built
+    out[:] = cached.reshape(-1)[: total * kernel]
+
+
+def _patch(k1: int) -> _Patch:
+    """Per conv width: the (token ``j``, column ``c``) cells of a row's first ``k1`` token
+    windows that read its initial state (``c < k1 - j``): ``j``, the flat offset
+    ``j * (k1 + 1) + c`` and the initial-state column ``j + c``; and ``arange(k1) - k1``."""
+    cached = _patch_cache.get(k1)
+    if cached is None:
+        j, c = np.array([(j, c) for j in range(k1) for c in range(k1 - j)], dtype=np.int64).T
+        j, c = np.ascontiguousarray(j), np.ascontiguousarray(c)
+        off = np.arange(k1, dtype=np.int64) - k1
+        cached = (
+            _read_only(j), _read_only(j * (k1 + 1) + c), _read_only(j + c), _read_only(off)
+        )  # fmt: skip
+        _patch_cache[k1] = cached
+    return cached
+
+
+def _windows(
+    end: IntArray, start: IntArray, init: IntArray, off: IntArray, whole: bool
+) -> IntArray:
+    """``[m, k1]`` extended-input indices of the ``k1`` positions before ``end``, each in
+    a row that starts at ``start``; a position before the start is column
+    ``k1 - (start - q)`` of the row's initial state, which starts at ``init``. ``whole``:
+    the caller knows every window lies inside its row."""
+    q = end[:, None] + off
+    if whole:
+        return q
+    return np.where(q < start[:, None], q + (init - start - off[0])[:, None], q)
+
+
+class _Staging:
+    """A plan packed for ``plan_mixed_batch``: one host buffer (page-locked for a GPU
+    target) holding every part the metadata reads, the masks as bool bytes at its end.
+
+    ``sizes`` splits the buffer (int64) into the parts in their packed order and the
+    tail; ``bool_sizes`` splits its bytes into the head, the masks and the rest; ``order``
+    picks the views of :attr:`MixedHostPlan.arrays`' order out of both splits.
     """
-    # Column by column: numpy's broadcast over a 4-wide inner axis is several times slower.
-    win = np.empty((total, k1 + 1), dtype=np.int64)
-    base = np.arange(-k1, total - k1, dtype=np.int64)
-    for c_out in range(k1 + 1):
-        np.add(base, c_out, out=win[:, c_out])
-    if k1 == 0 or qsl.shape[0] < 2:
-        return win
-    # Token j of row r (j < k1), column c < k1 - j: initial-state column j + c of row r.
-    j = np.arange(k1, dtype=np.int64)[None, :, None]
-    c = np.arange(k1 + 1, dtype=np.int64)[None, None, :]
-    hit = (j < (qsl[1:] - qsl[:-1])[:, None, None]) & (c < k1 - j)
-    r_at, j_at, c_at = np.nonzero(hit)
-    win[qsl[r_at] + j_at, c_at] = total + r_at * k1 + j_at + c_at
-    return win
+
+    __slots__ = ("bool_sizes", "host", "order", "sizes")
+
+    def __init__(
+        self,
+        host: torch.Tensor,
+        sizes: list[int],
+        bool_sizes: list[int],
+        order: tuple[int, ...],
+    ) -> None:
+        self.host = host
+        self.sizes = sizes
+        self.bool_sizes = bool_sizes
+        self.order = order
+
+    def views(self, device: torch.device) -> list[torch.Tensor]:
+        """One non-blocking copy to ``device``; the views in :attr:`MixedHostPlan.arrays`'
+        order (1-D; the masks bool)."""
+        flat = self.host.to(device, non_blocking=True)
+        every = flat.split_with_sizes(self.sizes) + flat.view(torch.bool).split_with_sizes(
+            self.bool_sizes
+        )
+        return [every[i] for i in self.order]
+
+
+def _order(packed: tuple[str, ...], masks: tuple[str, ...], names: tuple[str, ...]) -> tuple[int, ...]:
+    """Positions of ``names`` in the two splits of a :class:`_Staging` buffer: the packed
+    parts (then the tail), then the bytes (the head, then the masks)."""
+    at = {n: i for i, n in enumerate(packed)}
+    at.update({n: len(packed) + 2 + i for i, n in enumerate(masks)})
+    return tuple(at[n] for n in names)
+
+
+# Packed order: the small parts in one copy, then the two token-sized parts written in place.
+_PACKED_ROWS = ("query_start_loc", "slots", "track_slots")
+_PACKED_MIXED = _PACKED_ROWS + tuple(
+    n for n in _PREFILL_NAMES if n not in ("has_init", "chunk_first", "token_pos", "token_conv")
+) + ("token_pos", "token_conv")  # fmt: skip
+_ORDER_ROWS = _order(_PACKED_ROWS, ("track_mask",), _ROW_NAMES)
+_ORDER_MIXED = _order(
+    _PACKED_MIXED, ("track_mask", "has_init", "chunk_first"), _ROW_NAMES + _PREFILL_NAMES
+)
 
 
 def plan_host(
@@ -414,123 +628,260 @@ def plan_host(
     ValueError
         Inconsistent configuration or rows; the message names the field and the rule.
     """
+    hp = _plan(
+        extend_lens=extend_lens,
+        prefix_lens=prefix_lens,
+        slots=slots,
+        num_decodes=num_decodes,
+        chunk_size=chunk_size,
+        conv_kernel=conv_kernel,
+        track_interval=track_interval,
+        track_mask=track_mask,
+        track_slots=track_slots,
+        device=None,
+    )
+    assert isinstance(hp, MixedHostPlan)
+    return hp
+
+
+def _plan(
+    *,
+    extend_lens: IntLike,
+    prefix_lens: IntLike,
+    slots: IntLike,
+    num_decodes: int,
+    chunk_size: int,
+    conv_kernel: int,
+    track_interval: int | None,
+    track_mask: BoolLike | None,
+    track_slots: IntLike | None,
+    device: torch.device | None,
+) -> MixedHostPlan | Mamba2Metadata:
+    """:func:`plan_host`; with a ``device``, :func:`plan_mixed_batch`: the plan is packed
+    for the device as it is computed (:class:`_Staging`), and no host plan is kept."""
     _check_config(chunk_size, track_interval, conv_kernel)
-    ext = _host_ints("extend_lens", extend_lens)
-    pre = _host_ints("prefix_lens", prefix_lens)
-    slt = _host_ints("slots", slots)
-    _check_rows(ext, pre, slt, num_decodes)
-    n_rows = ext.shape[0]
-    if track_mask is None:
-        if track_slots is not None:
-            raise ValueError("plan_mixed_batch: track_slots given without track_mask")
-        tmask = np.zeros(n_rows, dtype=np.bool_)
-        tslots = np.full(n_rows, -1, dtype=np.int64)
+    tracking = track_mask is not None and track_slots is not None and track_interval is not None
+    tslots: IntArray | None = None
+    ints = _int_rows(
+        (extend_lens, prefix_lens, slots, track_slots)  # type: ignore[arg-type]
+        if tracking
+        else (extend_lens, prefix_lens, slots)
+    )
+    if ints is not None:  # one conversion of sequences of one length
+        ext, pre, slt = ints[0], ints[1], ints[2]
+        if tracking:
+            tslots = ints[3]
+        ext_min, pre_min = np.minimum.reduce(ints[:2], axis=1).tolist()
     else:
-        if track_slots is None:
-            raise ValueError("plan_mixed_batch: track_mask given without track_slots")
-        if track_interval is None:
-            raise ValueError("plan_mixed_batch: track_mask given without track_interval")
-        tmask = _host_bools("track_mask", track_mask)
-        tslots = _host_ints("track_slots", track_slots)
-        _check_track(tmask, tslots, slt)
+        ext = _host_ints("extend_lens", extend_lens)
+        pre = _host_ints("prefix_lens", prefix_lens)
+        slt = _host_ints("slots", slots)
+        ext_min = int(ext.min()) if ext.shape[0] else 0
+        pre_min = int(pre.min()) if pre.shape[0] else 0
+    tmask: npt.NDArray[np.bool_] | None = None
+    if track_mask is None:
+        ok = track_slots is None
+        ok = ok and _rows_ok(ext_min, pre_min, ext, pre, slt, num_decodes, None, None)
+    elif tracking:
+        tmask = _try_host(_host_bools, "track_mask", track_mask)
+        if tslots is None:
+            tslots = _try_host(_host_ints, "track_slots", track_slots)  # type: ignore[arg-type]
+        ok = tmask is not None and tslots is not None
+        ok = ok and _rows_ok(ext_min, pre_min, ext, pre, slt, num_decodes, tmask, tslots)
+    else:
+        ok = False
+    if not ok:
+        # Some rule is broken: the checks in their order, each naming its rule.
+        _check_rows(ext, pre, slt, num_decodes)
+        if track_mask is None:
+            if track_slots is not None:
+                raise ValueError("plan_mixed_batch: track_slots given without track_mask")
+        else:
+            if track_slots is None:
+                raise ValueError("plan_mixed_batch: track_mask given without track_slots")
+            if track_interval is None:
+                raise ValueError("plan_mixed_batch: track_mask given without track_interval")
+            tmask = _host_bools("track_mask", track_mask)
+            tslots = _host_ints("track_slots", track_slots)
+            _check_track(tmask, tslots, slt)
+    n_rows = ext.shape[0]
     n_pre = n_rows - num_decodes
     k1 = conv_kernel - 1
     L = chunk_size
 
-    qsl = np.zeros(n_rows + 1, dtype=np.int64)
-    np.cumsum(ext, out=qsl[1:])
+    qsl = np.empty(n_rows + 1, dtype=np.int64)
+    qsl[0] = 0
+    ext.cumsum(out=qsl[1:])
     total = int(qsl[n_pre])  # flattened prefill tokens
 
     # Track plan: each tracked row's last boundary b = floor((prefix+extend)/I)*I.
-    interval = track_interval if track_interval is not None else 1
-    end_abs = pre + ext
-    b = (end_abs // interval) * interval
-    k = b - pre  # new tokens before the boundary
-    saves = tmask & (k > 0)
-    is_final = saves & (k == ext)
-    mid = saves & (k < ext)  # only prefill rows: decode rows have ext == 1
-    g = qsl[:-1] + k  # flattened position after the boundary token
-    parts: dict[str, IntArray] = {
-        "query_start_loc": qsl,
-        "slots": slt,
-        "track_slots": np.where(saves, tslots, -1),
-        "track_mask": is_final.astype(np.int64),
-    }
-    h_rows = rc_rows = np.zeros(0, dtype=np.int64)
-    if n_pre:
+    if tmask is None or tslots is None or track_interval is None:
+        track_out = np.full(n_rows, -1, dtype=np.int64)
+        is_final = np.zeros(n_rows, dtype=np.bool_)
+        final_rows: tuple[int, ...] = ()
+        mid_rows = rem = _EMPTY
+    else:
+        # The row's last boundary b = (prefix + extend) - rem comes after its first
+        # extend - rem new tokens: reached when that is > 0, the row's end when rem == 0.
+        rem = (pre + ext) % track_interval
+        saves = tmask & (ext > rem)
+        is_final = saves & (rem == 0)
+        track_out = np.where(saves, tslots, -1)
+        final_rows = tuple(is_final.nonzero()[0].tolist())
+        mid_rows = (saves ^ is_final).nonzero()[0]  # only prefill rows: decode rows have 1 token
+    staging = None
+    h_rows = rc_rows = _EMPTY
+    prefill: tuple[IntArray, ...] = ()
+    if not n_pre:
+        if device is not None:
+            staging, _ = _pack(device, [qsl, slt, track_out], (), [is_final], _ORDER_ROWS)
+    else:
         # The prefill plan: chunks, conv windows, mid-row saves. A decode-only batch (the
         # hot path of a decode step) skips all of it: its rows have one token each, so a
         # save is always the row's final token.
         #
         # Logical chunks: a new one at every physical chunk start and every row start (the
-        # rule of hybridmeta.chunks).
-        starts = logical_chunk_starts(qsl[: n_pre + 1], L)
-        n_logical = starts.shape[0]
+        # rule of hybridmeta.chunks.logical_chunk_starts). Every prefill row has a token,
+        # so every row start lies inside the tokens and the ones off the grid are new.
+        row_start = qsl[:n_pre]
+        row_end = qsl[1 : n_pre + 1]
         n_phys = -(-total // L)
-        ends = np.append(starts[1:], total).astype(np.int64)
+        grid = np.arange(0, (n_phys + 1) * L, L, dtype=np.int64)
+        grid[-1] = total  # [0, L, .., (n_phys - 1) L, total]: the physical chunk edges
+        edges = grid
+        if n_pre > 1:
+            off_grid = row_start[row_start % L != 0]
+            if off_grid.shape[0]:
+                edges = np.concatenate((grid, off_grid))
+                edges.sort()
+        starts = edges[:-1]
+        chunk_len = edges[1:] - starts
         # Row of each chunk: the last row starting at or before it (rows have >= 1 token).
-        chunk_row = np.searchsorted(qsl[1 : n_pre + 1], starts, side="right")
+        chunk_row = row_end.searchsorted(starts, "right")
         # A chunk is its row's first when it starts where its row starts.
-        chunk_first = (starts == qsl[chunk_row]).astype(np.int64)
-        token_chunk = np.repeat(np.arange(n_logical, dtype=np.int64), ends - starts)
-        token_pos = np.arange(total, dtype=np.int64) - starts[token_chunk]
-        row_last_chunk = np.searchsorted(starts, qsl[1 : n_pre + 1], side="left") - 1
-        phys_last_chunk = np.searchsorted(starts, np.arange(1, n_phys + 1) * L, side="left") - 1
+        chunk_first = starts == row_start[chunk_row]
+        token_chunk = _iota(starts.shape[0]).repeat(chunk_len)
+        row_last_chunk = starts.searchsorted(row_end) - 1
+        phys_last_chunk = starts.searchsorted(grid[1:]) - 1
+        has_init = pre[:n_pre] > 0
 
-        # Conv windows: token t reads positions t-(K-1) .. t; a row's final window is its
-        # last K-1 inputs.
-        token_conv = _token_windows(qsl[: n_pre + 1], total, k1)
-        rows_p = np.arange(n_pre, dtype=np.int64)
-        q_fin = qsl[1 : n_pre + 1, None] - k1 + np.arange(k1, dtype=np.int64)[None, :]
-        final_conv = _ext_index(q_fin, rows_p[:, None], qsl[:n_pre, None], total, k1)
+        # Conv windows over the extended input (tokens, then each row's K-1 initial
+        # inputs from index init[r]): token t reads t-(K-1) .. t, where the first K-1
+        # tokens of a row read its initial state; a row's final window is its last K-1
+        # inputs.
+        init = _iota(n_pre) * k1 + total
+        # Some row is shorter than its window (a decode row is: then ask the prefill rows).
+        short = (int(ext[:n_pre].min()) if num_decodes else ext_min) < k1
+        patch_j, patch_flat, patch_col, off = _patch(k1)
+        cell = (row_start * conv_kernel)[:, None] + patch_flat
+        value = init[:, None] + patch_col
+        if short:
+            inside = ext[:n_pre, None] > patch_j
+            cell, value = cell[inside], value[inside]
+        final_conv = _windows(row_end, row_start, init, off, not short).reshape(-1)
 
         # Mid-row saves: on the chunk grid (the chunk's end state) or recomputed.
-        on_grid = mid & (g % L == 0)
-        off_grid = mid & ~on_grid
-        h_rows = np.flatnonzero(on_grid)
-        rc_rows = np.flatnonzero(off_grid)
-        h_chunk = phys_last_chunk[g[h_rows] // L - 1]
-        rc_g = g[rc_rows]
-        rc_chunk = np.searchsorted(starts, rc_g - 1, side="right") - 1
-        rc_len = rc_g - starts[rc_chunk]
-        mid_rows = np.concatenate([h_rows, rc_rows])
-        q_mid = g[mid_rows][:, None] - k1 + np.arange(k1, dtype=np.int64)[None, :]
-        mid_conv = _ext_index(q_mid, mid_rows[:, None], qsl[mid_rows][:, None], total, k1)
+        h_chunk = rc_chunk = rc_len = mid_conv = _EMPTY
+        if mid_rows.shape[0]:
+            # g: flattened position after the boundary token. Rows on the grid first
+            # (g % L == 0: h), then the others (recompute), each in row order.
+            g = qsl[mid_rows + 1] - rem[mid_rows]
+            off_grid_save = (g % L) != 0
+            order = off_grid_save.argsort(kind="stable")
+            rows, g = mid_rows[order], g[order]
+            n_h = rows.shape[0] - int(np.count_nonzero(off_grid_save))
+            h_rows, rc_rows = rows[:n_h], rows[n_h:]
+            # The logical chunk holding the boundary token (on the grid: the physical
+            # chunk's last, whose end state is the boundary's).
+            chunk = starts.searchsorted(g - 1, "right") - 1
+            h_chunk, rc_chunk = chunk[:n_h], chunk[n_h:]
+            rc_len = g[n_h:] - starts[rc_chunk]
+            mid_start = qsl[rows]
+            whole = bool((g - mid_start).min() >= k1)
+            mid_conv = _windows(g, mid_start, init[rows], off, whole).reshape(-1)
 
-        parts.update(
-            {
-                "has_init": (pre[:n_pre] > 0).astype(np.int64),
-                "chunk_start": starts,
-                "chunk_len": ends - starts,
-                "chunk_row": chunk_row,
-                "chunk_first": chunk_first,
-                "token_chunk": token_chunk,
-                "token_pos": token_pos,
-                "row_last_chunk": row_last_chunk,
-                "phys_last_chunk": phys_last_chunk,
-                "token_conv": token_conv.reshape(-1),
-                "final_conv": final_conv.reshape(-1),
-                "h_rows": h_rows,
-                "h_chunk": h_chunk,
-                "rc_rows": rc_rows,
-                "rc_chunk": rc_chunk,
-                "rc_len": rc_len,
-                "mid_conv": mid_conv.reshape(-1),
-            }
-        )
+        # The token-sized parts are written in place: into the staged buffer when there
+        # is one (everything else is copied there in one pass).
+        if device is None:
+            token_pos = np.empty(total, dtype=np.int64)
+            token_conv = np.empty(total * conv_kernel, dtype=np.int64)
+        else:
+            small = [qsl, slt, track_out, starts, chunk_len, chunk_row, token_chunk,
+                     row_last_chunk, phys_last_chunk, final_conv, h_rows, h_chunk, rc_rows,
+                     rc_chunk, rc_len, mid_conv]  # fmt: skip
+            staging, (token_pos, token_conv) = _pack(
+                device,
+                small,
+                (total, total * conv_kernel),
+                [is_final, has_init, chunk_first],
+                _ORDER_MIXED,
+            )
+        np.subtract(_iota(total), starts.repeat(chunk_len), out=token_pos)
+        _fill_windows(token_conv, total, conv_kernel)
+        token_conv.put(cell, value)
+        if device is None:
+            prefill = (
+                has_init.astype(np.int64), starts, chunk_len, chunk_row,
+                chunk_first.astype(np.int64), token_chunk, token_pos, row_last_chunk,
+                phys_last_chunk, token_conv, final_conv, h_rows, h_chunk, rc_rows, rc_chunk,
+                rc_len, mid_conv,
+            )  # fmt: skip
+    track = track_mask is not None
+    if device is not None:
+        # Planned for a device: its metadata over the staged views (no host arrays kept).
+        assert staging is not None
+        return _metadata(
+            staging.views(device), {}, n_pre, num_decodes, total, L, conv_kernel, track,
+            bool(final_rows),
+        )  # fmt: skip
+    parts = (qsl, slt, track_out, is_final.astype(np.int64), *prefill)
+    arrays = dict(zip(_MIXED_KEYS if n_pre else _ROW_KEYS, parts, strict=True))
     return MixedHostPlan(
-        arrays={_P + name: a for name, a in parts.items()},
+        arrays=arrays,
         num_prefills=n_pre,
         num_decodes=num_decodes,
         num_prefill_tokens=total,
         chunk_size=L,
         conv_kernel=conv_kernel,
-        track=track_mask is not None,
-        any_final_save=bool(is_final.any()),
-        final_rows=tuple(np.flatnonzero(is_final).tolist()),
+        track=track,
+        any_final_save=bool(final_rows),
+        final_rows=final_rows,
         h_rows=tuple(h_rows.tolist()),
         recompute_rows=tuple(rc_rows.tolist()),
     )
+
+
+def _pack(
+    device: torch.device,
+    small: list[IntArray],
+    big: tuple[int, ...],
+    masks: list[npt.NDArray[np.bool_]],
+    order: tuple[int, ...],
+) -> tuple[_Staging, list[IntArray]]:
+    """The staging buffer of a plan: ``small`` copied in one pass, room for the ``big``
+    parts (returned, to be written in place), then ``masks`` as bytes."""
+    sizes = [a.shape[0] for a in small]
+    n_small = sum(sizes)
+    n_int = n_small + sum(big)
+    mask_sizes = [m.shape[0] for m in masks]
+    n_bool = sum(mask_sizes)
+    words = -(-n_bool // 8)
+    if device.type == "cuda":  # page-locked: the copy is truly asynchronous
+        host = torch.empty(n_int + words, dtype=torch.int64, pin_memory=True)
+        buf = host.numpy()
+    else:
+        buf = np.empty(n_int + words, dtype=np.int64)
+        host = torch.from_numpy(buf)
+    np.concatenate(small, out=buf[:n_small])
+    out = []
+    at = n_small
+    for size in big:
+        out.append(buf[at : at + size])
+        at += size
+    np.concatenate(masks, out=buf.view(np.bool_)[8 * n_int : 8 * n_int + n_bool])
+    sizes += [*big, words]
+    staging = _Staging(host, sizes, [8 * n_int, *mask_sizes, 8 * words - n_bool], order)
+    return staging, out
 
 
 def plan_mixed_batch(
@@ -550,7 +901,8 @@ def plan_mixed_batch(
 
     Parameters are those of :func:`plan_host`, plus the ``device`` of the metadata.
     """
-    hp = plan_host(
+    dev = device if isinstance(device, torch.device) else torch.device(device)
+    md = _plan(
         extend_lens=extend_lens,
         prefix_lens=prefix_lens,
         slots=slots,
@@ -560,8 +912,10 @@ def plan_mixed_batch(
         track_interval=track_interval,
         track_mask=track_mask,
         track_slots=track_slots,
+        device=dev,
     )
-    return hp.metadata(to_device_packed(hp.arrays, torch.device(device)))
+    assert isinstance(md, Mamba2Metadata)
+    return md
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -594,15 +948,17 @@ class VerifyHostPlan:
         ``retrieve_parent_token``, ``retrieve_next_token``, ``retrieve_next_sibling``, each
         ``[num_rows, draft_token_num]``) through the same constructor.
         """
-        v = _views(views, _PV, "VerifyHostPlan")
-        return _forward(
-            v, self.track, self.any_track,
-            is_target_verify=True, draft_token_num=self.draft_token_num, **engine,
-        )  # fmt: skip
+        return self._forward(_staged(views, _VERIFY_KEYS, "VerifyHostPlan", _PV), engine)
 
     def metadata(self, views: Mapping[str, torch.Tensor], **engine: object) -> Mamba2Metadata:
         """The verify forward's ``Mamba2Metadata`` (:func:`~hybridmeta.model.prepare_target_verify`)."""
         return prepare_target_verify(self.forward(views, **engine))
+
+    def _forward(
+        self, v: Sequence[torch.Tensor], engine: Mapping[str, object]
+    ) -> ForwardMetadata:
+        fields = {"is_target_verify": True, "draft_token_num": self.draft_token_num, **engine}
+        return _forward(v, self.track, self.any_track, fields)
 
 
 def plan_verify_host(
@@ -679,4 +1035,6 @@ def plan_verify(
         track_mask=track_mask,
         track_slots=track_slots,
     )
-    return hp.metadata(to_device_packed(hp.arrays, torch.device(device)), **engine)
+    dev = device if isinstance(device, torch.device) else torch.device(device)
+    views = pack_arrays(list(hp.arrays.values()), dev, as_bool=_ROW_BOOLS)
+    return prepare_target_verify(hp._forward(views, engine))

@@ -469,3 +469,80 @@ def test_int32_index_buffers() -> None:
     assert md.query_start_loc.dtype == i32
     assert md.query_start_loc.tolist() == [0, 1, 2, 2]
     assert md.mamba_cache_indices.tolist() == [4, 2, -1]
+
+
+def test_generated_step_check_accepts_exactly_what_the_detailed_checks_accept() -> None:
+    # refresh runs one generated straight-line check per step and the detailed checks
+    # (which name the broken rule) only when it fails: both must agree on every step,
+    # with the same (bs, t, which optional fields are set).
+    from hybridmeta.model import SpecCommitMetadata, prepare_commit, prepare_target_verify
+
+    plain = _buffers()
+    every_optional = StaticBuffers(max_bs=MAX_BS, num_slots=SLOTS, device="cpu")
+    verify = StaticBuffers(
+        max_bs=4, num_slots=8, device="cpu", max_draft=3, static={"is_target_verify": True}
+    )
+    commit = StaticBuffers(
+        max_bs=4,
+        num_slots=8,
+        device="cpu",
+        max_draft=2,
+        metadata_class=SpecCommitMetadata,
+        static={"is_target_verify": True},
+    )
+    i32 = torch.int32
+    tree = torch.tensor([[-1, 0], [-1, 0]])
+    verify_fwd = ForwardMetadata(
+        query_start_loc=torch.tensor([0, 2, 4]),
+        mamba_cache_indices=torch.tensor([1, 2]),
+        is_target_verify=True,
+        draft_token_num=2,
+    )
+    verify_md = prepare_target_verify(verify_fwd)
+    steps: list[ForwardMetadata] = [
+        _step([1, 2]),
+        _step([1, 2], [3, 4], [True, False]),
+        _step([1, 2], [3, 4], [False, False]),
+        _step(list(range(MAX_BS))),
+        _step(list(range(MAX_BS + 1))),
+        _step([]),
+        _step([1], is_target_verify=True),
+        _step([1], conv_states_mask_indices=torch.tensor([0])),
+        _step([1], retrieve_next_token=torch.tensor([[0]])),
+        _step([1], query_start_loc=torch.arange(2, dtype=i32)),
+        _step(
+            [1],
+            mamba_cache_indices=torch.tensor([1], dtype=i32),
+            query_start_loc=torch.arange(2, dtype=i32),
+        ),
+        _step([1], [2], [True], mamba_track_indices=torch.tensor([2], dtype=i32)),
+        _step(
+            [1, 2],
+            query_start_loc=torch.arange(3, device="meta"),
+            mamba_cache_indices=torch.empty(2, dtype=torch.int64, device="meta"),
+        ),
+        verify_fwd,
+        ForwardMetadata(
+            query_start_loc=torch.tensor([0, 2, 4]),
+            mamba_cache_indices=torch.tensor([1, 2]),
+            is_target_verify=True,
+            draft_token_num=2,
+            retrieve_parent_token=tree,
+        ),
+        verify_md,
+        prepare_commit(
+            verify_md, accepted_index=torch.tensor([0, 1]), track_token=torch.tensor([-1, -1])
+        ),
+    ]
+    checked = 0
+    for buffers in (plain, every_optional, verify, commit):
+        for step in steps:
+            for key in ((1, 1), (2, 1), (2, 2), (4, 3), (MAX_BS, 1), (MAX_BS + 1, 1)):
+                fast = buffers._step_check(step, *key)
+                try:
+                    slow = buffers._validate_step(step, key)
+                except (ValueError, TypeError):
+                    slow = None
+                assert fast == slow, (step, key)
+                checked += fast is not None
+    assert checked >= 10  # the accepting side is exercised too

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import attrs
+import torch
 from hypothesis import assume, given
+from hypothesis import strategies as st
 
 from hybridmeta.chunks import chunk_indices_offsets_oracle
+from hybridmeta.core import fields_of
 from hybridmeta.debug import debug_mode
+from hybridmeta.planner import BOOL_PARTS, plan_host, plan_mixed_batch
+from hybridmeta.staging import to_device_packed
 from tests.oracle import oracle_track_plan
 from tests.properties.strategies.prefill import BatchSpec, batch_specs, plan_of
 
@@ -124,3 +132,54 @@ def test_plan_matches_brute_force(spec: BatchSpec) -> None:
     else:
         assert md.mixed is None
         assert not hs and not rcs
+
+
+def _leaves(obj: object, prefix: str = "") -> dict[str, Any]:
+    """Every field of a metadata object, nested metadata flattened (``mixed.chunks.start``)."""
+    out: dict[str, Any] = {}
+    for spec in fields_of(type(obj)):
+        v = getattr(obj, spec.name)
+        if attrs.has(type(v)):
+            out.update(_leaves(v, f"{prefix}{spec.name}."))
+        else:
+            out[prefix + spec.name] = v
+    return out
+
+
+@given(spec=batch_specs(min_prefills=0, max_decodes=3), track=st.booleans())
+def test_one_call_equals_the_two_steps(spec: BatchSpec, track: bool) -> None:
+    # plan_mixed_batch stages the plan's arrays itself, masks as bool; the engine's two
+    # steps (to_device_packed, with or without as_bool, then hp.metadata) build the same
+    # metadata: every tensor equal in dtype, shape and values, every host field equal.
+    assume(len(spec.extend_lens) > 0)
+    kw: dict[str, Any] = {
+        "extend_lens": spec.extend_lens,
+        "prefix_lens": spec.prefix_lens,
+        "slots": spec.slots,
+        "num_decodes": spec.num_decodes,
+        "chunk_size": spec.chunk_size,
+        "conv_kernel": spec.conv_kernel,
+    }
+    if track:
+        kw.update(track_interval=spec.track_interval, track_mask=spec.track_mask,
+                  track_slots=spec.track_slots)  # fmt: skip
+    md = plan_mixed_batch(**kw)
+    got = _leaves(md)
+    hp = plan_host(**kw)
+    cpu = torch.device("cpu")
+    for as_bool in ((), BOOL_PARTS):
+        want = _leaves(hp.metadata(to_device_packed(hp.arrays, cpu, as_bool=as_bool)))
+        assert got.keys() == want.keys()
+        for name, w in want.items():
+            g = got[name]
+            if isinstance(w, torch.Tensor):
+                assert isinstance(g, torch.Tensor), name
+                assert (g.dtype, g.shape, g.is_contiguous()) == (w.dtype, w.shape, True), name
+                assert torch.equal(g, w), name
+            else:
+                assert g == w, name
+    # every tensor of the one-call metadata, masks included, is a view of its one buffer
+    base = md.mamba_cache_indices.untyped_storage().data_ptr()
+    for name, g in got.items():
+        if isinstance(g, torch.Tensor):
+            assert g.untyped_storage().data_ptr() == base, name

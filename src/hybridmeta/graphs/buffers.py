@@ -54,6 +54,7 @@ from hybridmeta.core import (
     Dim,
     FieldSpec,
     Role,
+    _compile,
     check_values,
     fields_of,
     source_of,
@@ -336,6 +337,17 @@ class StaticBuffers:
             s.name for s in specs if s.is_tensor and s not in self._buffered
         )
         self._field_dtypes = tuple((s.name, self._buffers[s.name].dtype) for s in self._buffered)
+        # Slot fields whose values are bounded (CPU buffers always, else debug mode):
+        # (name, bound, what the bound counts).
+        self._range_checks = tuple(
+            (s.name, self._slot_table.shape[0], "virtual slot (slot-table index)")
+            if s.role.translated and self._slot_table is not None
+            else (s.name, num_slots, "slot")
+            for s in self._buffered
+            if s.role.is_slot
+        )
+        self._host_values = self.device.type == "cpu"
+        self._step_check = self._make_step_check()
         self._plans: dict[tuple[int, int, int, int, tuple[bool, ...]], _Plan] = {}
         self._views: dict[Bucket, tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]] = {}
         self._metadata: dict[Bucket, Mamba2Metadata] = {}
@@ -517,8 +529,8 @@ class StaticBuffers:
         """
         key = self.key(bucket)
         live_inputs = inputs if inputs is not None else {}
-        bs, t = self._validate(step, key, live_inputs)
-        self._write_live(step, bs, t, key, live_inputs)
+        bs, t, present = self._validate(step, key, live_inputs)
+        self._write_live(step, bs, t, key, live_inputs, present)
         return self._build(key)
 
     def pad_all(self, bucket: int | Bucket) -> Mamba2Metadata:
@@ -568,7 +580,28 @@ class StaticBuffers:
 
     def _validate(
         self, step: ForwardMetadata, key: Bucket, inputs: Mapping[str, torch.Tensor]
-    ) -> tuple[int, int]:
+    ) -> tuple[int, int, tuple[bool, ...]]:
+        """``(bs, t, present)`` of a step that passes every check (``present``: which
+        optional buffered fields it sets); raises naming the field and the rule."""
+        checked = self._step_check(step, *key)
+        if checked is None:  # some structural rule is broken: the checks that name it
+            checked = self._validate_step(step, key)
+        bs, t, _ = checked
+        if self._inputs or inputs:
+            self._validate_inputs(inputs, bs, t)
+        debug = is_debug()
+        if debug or self._host_values:
+            # Host-known values (CPU buffers) cost no sync to bound; on a GPU, debug only.
+            self._validate_ranges(step)
+        if debug:
+            self._validate_values(step, t, inputs)
+        return checked
+
+    def _validate_step(
+        self, step: ForwardMetadata, key: Bucket
+    ) -> tuple[int, int, tuple[bool, ...]]:
+        """The structural checks of a step, one by one (:meth:`_make_step_check` is the
+        same rules in one generated expression, without the messages)."""
         if type(step) is not self._step_class:
             raise TypeError(
                 f"StaticBuffers.refresh: step must be a {self._step_class.__qualname__}, got "
@@ -623,15 +656,59 @@ class StaticBuffers:
                 raise _err(
                     name, f"must have dtype {dtype} (the static buffer's), got {tensor.dtype}"
                 )
-        if self._inputs or inputs:
-            self._validate_inputs(inputs, bs, t)
-        debug = is_debug()
-        if debug or self.device.type == "cpu":
-            # Host-known values (CPU buffers) cost no sync to bound; on a GPU, debug only.
-            self._validate_ranges(step)
-        if debug:
-            self._validate_values(step, t, inputs)
-        return bs, t
+        return bs, t, tuple(getattr(step, n) is not None for n in self._optional)
+
+    def _make_step_check(
+        self,
+    ) -> Callable[[ForwardMetadata, int, int], tuple[int, int, tuple[bool, ...]] | None]:
+        """Generate ``step_check(step, B, T)``: :meth:`_validate_step`'s rules for this
+        buffer as straight-line code (host time per step is the budget), returning
+        ``(bs, t, present)``, or ``None`` when a rule is broken (the caller then runs
+        :meth:`_validate_step`, which names it). Read it with ``inspect.getsource``."""
+        ns: dict[str, Any] = {"_Cls": self._step_class, "_dev": self.device}
+        lines = [
+            "def step_check(step, rows, cols):",
+            "    if step.__class__ is not _Cls:",
+            "        return None",
+        ]
+        if issubclass(self._step_class, Mamba2Metadata):
+            lines += ["    if step.num_prefills:", "        return None"]
+        lines += [
+            "    v = step.mamba_cache_indices",
+            "    bs = v.shape[0]",
+            f"    if not 0 < bs <= rows <= {self.max_bs}:",
+            "        return None",
+        ]
+        if self._col_field is None:
+            lines.append("    t = 1")
+        else:
+            lines += [
+                f"    t = step.{self._col_field}",
+                "    if not isinstance(t, int):",
+                "        return None",
+            ]
+        lines += [f"    if not t <= cols <= {self.max_draft}:", "        return None"]
+        for i, (name, captured) in enumerate(self._static_items):
+            ns[f"_c{i}"] = captured
+            accept = f"_x == _c{i}"
+            if name in self._subsumed and captured:
+                accept += " or not _x"  # a captured True also serves a False step
+            lines += [f"    _x = step.{name}", f"    if not ({accept}):", "        return None"]
+        for name in self._unbuffered_names:
+            lines += [f"    if step.{name} is not None:", "        return None"]
+        for name in self._required_present:
+            lines += [f"    if step.{name} is None:", "        return None"]
+        lines += ["    if v.device != _dev:", "        return None"]
+        for i, (name, dtype) in enumerate(self._field_dtypes):
+            ns[f"_dt{i}"] = dtype
+            lines += [
+                f"    _x = step.{name}",
+                f"    if _x is not None and _x.dtype is not _dt{i}:",
+                "        return None",
+            ]
+        present = "".join(f"step.{n} is not None, " for n in self._optional)
+        lines.append(f"    return bs, t, ({present})")
+        return _compile(StaticBuffers, "step_check", lines, ns)
 
     def _validate_inputs(self, inputs: Mapping[str, torch.Tensor], bs: int, t: int) -> None:
         missing = set(self._inputs) - set(inputs)
@@ -671,20 +748,18 @@ class StaticBuffers:
     def _validate_ranges(self, step: ForwardMetadata) -> None:
         """Every slot field in range: ``[0, num_slots)`` or the pad, translated fields in
         ``[0, len(slot_table))``. Reads values: host data, or debug mode."""
-        for spec in self._buffered:
-            t = getattr(step, spec.name)
-            if t is None or not spec.role.is_slot:
+        for name, bound, kind in self._range_checks:
+            t = getattr(step, name)
+            if t is None or not t.numel():
                 continue
-            virtual = spec.role.translated and self._slot_table is not None
-            bound = self._slot_table.shape[0] if self._slot_table is not None and virtual else self.num_slots
+            low, high = torch.aminmax(t)  # one pass; the row only when out of range
+            if int(low) >= -1 and int(high) < bound:
+                continue
             bad = (t < -1) | (t >= bound)
-            if bool(bad.any()):
-                r = int(bad.nonzero()[0, 0])
-                kind = "virtual slot (slot-table index)" if virtual else "slot"
-                raise _err(
-                    spec.name,
-                    f"row {r} holds {int(t[r])}: not -1 (pad) nor a {kind} in [0, {bound})",
-                )
+            r = int(bad.nonzero()[0, 0])
+            raise _err(
+                name, f"row {r} holds {int(t[r])}: not -1 (pad) nor a {kind} in [0, {bound})"
+            )
 
     def _validate_values(
         self, step: ForwardMetadata, t: int, inputs: Mapping[str, torch.Tensor]
@@ -717,15 +792,17 @@ class StaticBuffers:
         t: int,
         key: Bucket,
         inputs: Mapping[str, torch.Tensor],
+        present: tuple[bool, ...],
     ) -> None:
-        plan = self._plan(
-            bs, t, key, tuple(getattr(step, n) is not None for n in self._optional)
-        )
+        plan = self._plan(bs, t, key, present)
         for group in plan.groups:
             srcs = []
             for is_input, n, shape in group.live:
                 src = inputs[n] if is_input else getattr(step, n)
                 srcs.append(src if shape is None else src.reshape(shape))
+            if len(group.dsts) == 1:  # one copy: no list to build and check
+                group.dsts[0].copy_(srcs[0] if srcs else group.pads[0])
+                continue
             # One dispatcher call per dtype: host time per step is the budget here.
             torch._foreach_copy_(group.dsts, srcs + group.pads)
         table = self._slot_table
