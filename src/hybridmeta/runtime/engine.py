@@ -49,7 +49,7 @@ import torch
 
 from hybridmeta import kernels
 from hybridmeta.model import prepare_commit, prepare_target_verify
-from hybridmeta.planner import MixedHostPlan, plan_host
+from hybridmeta.planner import BOOL_PARTS, MixedHostPlan, plan_host
 from hybridmeta.runtime.decode_graphs import DecodeGraphs, VerifyGraphs
 from hybridmeta.runtime.model import NemotronH
 from hybridmeta.runtime.plan import attention_host_plan
@@ -515,6 +515,7 @@ class Runtime:
                 **self._kv_copy_arrays(slots, tracks),
             },
             self.device,
+            as_bool=BOOL_PARTS,
         )
         logits = self.model.forward_prefill(
             views["input_ids"], hp.metadata(views), ah.plan(views), self.pool
@@ -640,6 +641,7 @@ class Runtime:
                 **self._kv_copy_arrays(slots, tracks),
             },
             self.device,
+            as_bool=BOOL_PARTS,
         )
         ids = pending.choice if pending is not None else views["input_ids"]
         pos = views["positions"]
