@@ -61,6 +61,7 @@ bench)
   timeout 60 python3 benchmarks/bench_graphs.py --out "$OUT" 2>&1 | tee "$OUT/bench_graphs.log" | tail -6
   timeout 90 python3 benchmarks/bench_attention.py --out "$OUT" 2>&1 | tee "$OUT/bench_attention.log" | tail -12
   timeout 180 python3 benchmarks/bench_gemv.py --out "$OUT" 2>&1 | grep -v -i warn | tee "$OUT/bench_gemv.log" | tail -24
+  timeout 60 python3 benchmarks/bench_host.py --out "$OUT" 2>&1 | tee "$OUT/bench_host.log" | tail -8
   ;;
 realscale)
   step "real-scale decode (Nemotron-Nano-9B-v2 architecture, random weights)"
