@@ -272,8 +272,8 @@ def test_overlapped_decode_equals_the_synchronous_loop(tiny_model: NemotronH) ->
     over_rt = Runtime(tiny_model, _opts())
     sync, over = _overlap_workload(sync_rt), _overlap_workload(over_rt)
     assert sync_rt.overlapped_steps == 0
-    # most of its ~35 decode steps overlap (23 on this workload): all but those that save
-    # a track, follow a prefill or a step that finished a row
+    # most of its 30 decode-only steps overlap (23 on this workload): all but those that
+    # save a track, follow a prefill or a step that finished a row
     assert over_rt.overlapped_steps >= 20, over_rt.overlapped_steps
     assert [f.cached_tokens for f in over[3:]] == [32, 16]
     for s, o in zip(sync, over, strict=True):
