@@ -47,11 +47,10 @@ if not torch.cuda.is_available():
 
 import torch.nn.functional as F
 import triton
-import triton.language as tl
 from graph_timing import copy_tbps, graph_per_call_us  # type: ignore[import-not-found, unused-ignore]
 
 from hybridmeta.kernels import implementation, linear, relu_square
-from hybridmeta.kernels.linear import SkinnyConfig, launch_skinny, skinny_blocks
+from hybridmeta.kernels.linear import SkinnyConfig, _gemv_kernel, launch_skinny, skinny_blocks
 
 # (name, N, K, relu2) of Nemotron-Nano-9B-v2 (hidden 4480, 128 x 80 Mamba heads, state
 # 128, 8 groups, MLP 15680, 40/8 attention heads of 128); relu2: the runtime feeds the
@@ -84,37 +83,14 @@ SKINNY_GRID = [
 ]
 
 
-@triton.jit
-def _gemv_kernel(
-    x_ptr: tl.tensor,
-    w_ptr: tl.tensor,
-    y_ptr: tl.tensor,
-    N: tl.tensor,
-    K: tl.tensor,
-    stride_w: tl.tensor,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-) -> None:
-    """One-row GEMV of other tilings than the library's (``--gemv-grid``)."""
-    o_n = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-    m_n = o_n < N
-    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    for k0 in tl.range(0, K, BLOCK_K):
-        o_k = k0 + tl.arange(0, BLOCK_K)
-        m_k = o_k < K
-        b_w = tl.load(w_ptr + o_n[:, None] * stride_w + o_k[None, :],
-                      mask=m_n[:, None] & m_k[None, :], other=0.0)  # fmt: skip
-        b_x = tl.load(x_ptr + o_k, mask=m_k, other=0.0).to(tl.float32)
-        acc += b_w.to(tl.float32) * b_x[None, :]
-    tl.store(y_ptr + o_n, tl.sum(acc, axis=1).to(y_ptr.dtype.element_ty), mask=m_n)
-
-
 def triton_gemv(block_n: int, block_k: int, warps: int, stages: int) -> Callable[..., None]:
+    """The library's one-row GEMV kernel at another tiling than its rule's (``--gemv-grid``)."""
+
     def run(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor) -> None:
         N, K = w.shape
         _gemv_kernel[(triton.cdiv(N, block_n),)](
-            x, w, y, N, K, w.stride(0), BLOCK_N=block_n, BLOCK_K=block_k,
-            num_warps=warps, num_stages=stages,
+            x, w, None, y, N, K, w.stride(0), HAS_BIAS=False, RELU2=False, BLOCK_N=block_n,
+            BLOCK_K=block_k, num_warps=warps, num_stages=stages,
         )  # fmt: skip
 
     return run

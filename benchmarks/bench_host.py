@@ -30,10 +30,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from bench_graphs import MAX_BS, _host_us, _no_sync, _step_metadata, _sync  # type: ignore[import-not-found, unused-ignore]
+from bench_graphs import (  # type: ignore[import-not-found, unused-ignore]
+    MAX_BS,
+    _host_us,
+    _no_sync,
+    _sync,
+    bench_refresh,
+)
 
 import hybridmeta
-from hybridmeta.graphs import StaticBuffers
 from hybridmeta.planner import plan_host, plan_mixed_batch
 
 PLANNER_TARGET_US = 300.0
@@ -98,28 +103,6 @@ def bench_planner(device: torch.device, number: int, repeat: int) -> list[dict[s
     return results
 
 
-def bench_refresh(device: torch.device, number: int, repeat: int) -> list[dict[str, Any]]:
-    num_slots = 4 * MAX_BS
-    results = []
-    for translate in (False, True):
-        table = torch.randperm(num_slots).to(device) if translate else None
-        buffers = StaticBuffers(max_bs=MAX_BS, num_slots=num_slots, device=device, slot_table=table)
-        step = _step_metadata(MAX_BS, num_slots, device)
-
-        def refresh(step: Any = step, buffers: StaticBuffers = buffers) -> object:
-            return buffers.refresh(step, MAX_BS)
-
-        results.append(
-            {
-                "bs": MAX_BS,
-                "slot_table": translate,
-                "refresh_and_build": _host_us(refresh, device, number, repeat),
-                "no_device_sync": _no_sync(refresh, device),
-            }
-        )
-    return results
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--out", type=Path, default=None)
@@ -130,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     torch.manual_seed(0)
     planner = bench_planner(device, args.number, args.repeat)
-    refresh = bench_refresh(device, args.number * 4, args.repeat)
+    refresh = bench_refresh(device, args.number * 4, args.repeat, sizes=(MAX_BS,), rebuild=False)
     mixed = next(r for r in planner if r["case"] == "32_mixed")
     table = next(r for r in refresh if r["slot_table"])
     plan_us = mixed["plan_mixed_batch"]["isolated_median_us"]
