@@ -95,7 +95,6 @@ _PREFILL_NAMES = (
 _ROW_KEYS = tuple(_P + n for n in _ROW_NAMES)
 _VERIFY_KEYS = tuple(_PV + n for n in _ROW_NAMES)
 _MIXED_KEYS = _ROW_KEYS + tuple(_P + n for n in _PREFILL_NAMES)
-_ROW_BOOLS = (False, False, False, True)  # track_mask
 #: The 0/1 arrays of a plan whose metadata fields are bool masks. Staged as bool
 #: (``to_device_packed(..., as_bool=BOOL_PARTS)``; ``plan_mixed_batch`` and ``plan_verify``
 #: do), the metadata takes views of the staged buffer instead of one ``!= 0`` op per mask.
@@ -1036,5 +1035,5 @@ def plan_verify(
         track_slots=track_slots,
     )
     dev = device if isinstance(device, torch.device) else torch.device(device)
-    views = pack_arrays(list(hp.arrays.values()), dev, as_bool=_ROW_BOOLS)
+    views = pack_arrays(list(hp.arrays.values()), dev, as_bool=[k in BOOL_PARTS for k in hp.arrays])
     return prepare_target_verify(hp._forward(views, engine))

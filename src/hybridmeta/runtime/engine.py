@@ -276,7 +276,6 @@ class Runtime:
         # The last decode step's tokens while they are still on the device.
         self._pending: _PendingTokens | None = None
         self.overlapped_steps = 0
-        self._decode_t0 = 0.0
         self.finished: dict[int, Finished] = {}
         self._next_rid = 0
         self.decode_tokens = 0
@@ -438,10 +437,11 @@ class Runtime:
                     sample_logits.append(logits[self._index(done_rows)].float().log_softmax(-1))
                 self.prefill_tokens += len(chunk_ids)
             verified: _Verified | None = None
+            t_decode: float | None = None
             if dec_reqs and self.options.spec_tokens:
                 verified = self._verify(dec_reqs)
             elif dec_reqs:
-                self._decode(dec_reqs, sample_reqs, sample_logits, commits, pending)
+                t_decode = self._decode(dec_reqs, sample_reqs, sample_logits, commits, pending)
             if pending is not None:
                 # this step's forward is queued: only now wait for the last step's tokens
                 self._land(pending)
@@ -450,11 +450,11 @@ class Runtime:
                 self._pending = self._keep(sample_reqs, sample_logits)
             else:
                 self._sample(sample_reqs, sample_logits, verified, commits)
-            if dec_reqs and verified is None and self._overlaps():
+            if t_decode is not None and self._overlaps():
                 # from this step's plan to its sampled tokens (or the last step's, when
                 # this step leaves its own on the device): in a run of overlapped steps,
                 # the wall time per step
-                self.decode_seconds += time.perf_counter() - self._decode_t0
+                self.decode_seconds += time.perf_counter() - t_decode
         for key, slot in commits:
             self.cache.commit(key, slot)
         self.cache.end_step()
@@ -597,8 +597,9 @@ class Runtime:
         sample_logits: list[torch.Tensor],
         commits: list[tuple[tuple[int, ...], int]],
         pending: _PendingTokens | None = None,
-    ) -> None:
-        """Decode rows: one token each, through the captured step (or eagerly).
+    ) -> float:
+        """Decode rows: one token each, through the captured step (or eagerly); returns the
+        ``perf_counter`` time its host work started.
 
         A row whose length reaches a multiple of the interval with this token reserves a
         track slot; the planner flags it in ``mamba_track_mask`` and the step's track-save
@@ -620,7 +621,7 @@ class Runtime:
                     commits.append((key, slot))
                     tracks.append((i, slot))
         self._sync()
-        td = self._decode_t0 = time.perf_counter()
+        td = time.perf_counter()
         pos_host = [r.num_computed for r in reqs]
         key = tuple(slots)
         cached = self._decode_plan
@@ -660,6 +661,7 @@ class Runtime:
             # overlapped, the step counts its decode time once its tokens are sampled
             self._sync()
             self.decode_seconds += time.perf_counter() - td
+        return td
 
     def _verify(self, reqs: list[Request]) -> _Verified:
         """Decode rows, speculatively: draft, verify, accept and commit on the device.
