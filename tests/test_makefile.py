@@ -6,6 +6,7 @@ nothing is installed.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -51,7 +52,12 @@ def test_the_stamp_tracks_every_torch_setting(project: Path) -> None:
         assert _make(project, "-q", "setup", change).returncode == 1, change
     _install_as_make_would(project, "USE_SYSTEM_TORCH=1")
     assert _make(project, "-q", "setup", "USE_SYSTEM_TORCH=1").returncode == 0
-    (project / "pyproject.toml").touch()  # a newer pyproject.toml re-installs too
+    # A newer pyproject.toml re-installs too. Its mtime is set past the stamp's
+    # explicitly: a plain touch can land in the same tick of the file system's
+    # clock as the stamp's, and make reads equal times as up to date.
+    stamp = max((project / ".venv").glob(".installed-*"), key=lambda p: p.stat().st_mtime_ns)
+    newer = stamp.stat().st_mtime_ns + 2_000_000_000
+    os.utime(project / "pyproject.toml", ns=(newer, newer))
     assert _make(project, "-q", "setup", "USE_SYSTEM_TORCH=1").returncode == 1
 
 
