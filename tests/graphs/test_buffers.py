@@ -157,6 +157,99 @@ def test_virtual_slots_are_translated_once() -> None:
     assert md.mamba_track_indices.tolist() == [8, 9, 10, -1]
 
 
+def _count_foreach_copies(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Record the length of every ``torch._foreach_copy_`` list (the copies still run)."""
+    calls: list[int] = []
+    real = torch._foreach_copy_
+
+    def counted(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
+        calls.append(len(dsts))
+        real(dsts, srcs)
+
+    monkeypatch.setattr(torch, "_foreach_copy_", counted)
+    return calls
+
+
+def test_refresh_copies_every_dtype_in_one_foreach_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    # int64 slots and offsets, a bool mask, a float input: one dispatcher call (one launch
+    # on a GPU) for every live row and pad of the three dtypes, written exactly.
+    buffers = _buffers()
+    _poison(buffers)
+    calls = _count_foreach_copies(monkeypatch)
+    md = buffers.refresh(_step([3, 1], [9, -1], [True, False]), 4, _x(2))
+    assert len(calls) == 1 and calls[0] >= 3, calls
+    assert md.mamba_cache_indices.tolist() == [3, 1, -1, -1]
+    assert md.query_start_loc.tolist() == [0, 1, 2, 2, 2]
+    assert md.mamba_track_mask is not None
+    assert md.mamba_track_mask.tolist() == [True, False, False, False]
+    assert buffers.views(4)["x"].tolist() == [[1.0, 2.0], [3.0, 4.0], [0.0, 0.0], [0.0, 0.0]]
+    calls.clear()
+    buffers.pad_all(4)
+    assert len(calls) == 1, calls
+    assert md.mamba_track_mask.tolist() == [False] * 4
+
+
+def test_a_source_without_byte_view_is_copied_per_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A live source whose last dimension is strided has no byte view: that refresh copies
+    # per dtype, with the same values, and leaves the rows past the bucket alone.
+    buffers = _buffers(slot_table=torch.tensor([5, 4, 3, 2, 1, 0], dtype=torch.int64))
+    _poison(buffers)
+    calls = _count_foreach_copies(monkeypatch)
+    strided_slots = torch.tensor([[0, 9], [4, 9]])[:, 0]  # stride 2
+    strided_x = (torch.arange(8.0).reshape(2, 4) + 1)[:, ::2]  # [[1, 3], [5, 7]]
+    step = _step([0, 4], [8, -1], [True, False], mamba_cache_indices=strided_slots)
+    md = buffers.refresh(step, 3, {"x": strided_x})
+    assert len(calls) >= 2, calls  # one per dtype
+    assert md.mamba_cache_indices.tolist() == [5, 1, -1]  # translated
+    assert md.mamba_track_indices is not None
+    assert md.mamba_track_indices.tolist() == [8, -1, -1]
+    assert md.mamba_track_mask is not None
+    assert md.mamba_track_mask.tolist() == [True, False, False]
+    assert buffers.views(3)["x"].tolist() == [[1.0, 3.0], [5.0, 7.0], [0.0, 0.0]]
+    snap = _snapshot(buffers)
+    assert snap["mamba_cache_indices"][3:].tolist() == [7] * (MAX_BS - 3)
+    assert torch.isnan(snap["x"][3:]).all()
+    # The next contiguous step takes the one-call path again, on the same plan.
+    calls.clear()
+    md = buffers.refresh(_step([0, 4], [8, -1], [True, False]), 3, {"x": strided_x.contiguous()})
+    assert len(calls) == 1 and md.mamba_cache_indices.tolist() == [5, 1, -1]
+
+
+@pytest.mark.gpu
+def test_a_cuda_refresh_is_one_copy_launch_and_one_translation() -> None:
+    # On a GPU the byte-view copy must take the multi-tensor fast path: one kernel for the
+    # int64, bool and float rows and pads together, plus the translation's with a table.
+    from torch.profiler import ProfilerActivity, profile
+
+    dev = torch.device("cuda")
+    for table, launches in ((None, 1), (torch.arange(SLOTS, device=dev).flip(0), 2)):
+        buffers = _buffers(device=dev, slot_table=table)
+        _poison(buffers)
+        cpu = _step([3, 1], [9, -1], [True, False])
+        step = ForwardMetadata(
+            query_start_loc=cpu.query_start_loc.to(dev),
+            mamba_cache_indices=cpu.mamba_cache_indices.to(dev),
+            mamba_track_indices=cpu.mamba_track_indices.to(dev),  # type: ignore[union-attr]
+            mamba_track_mask=cpu.mamba_track_mask.to(dev),  # type: ignore[union-attr]
+            has_mamba_track_mask=True,
+        )
+        x = {"x": _x(2)["x"].to(dev)}
+        buffers.refresh(step, 4, x)  # the plan is made on the first call
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            md = buffers.refresh(step, 4, x)
+            torch.cuda.synchronize()
+        kernels = [e.name for e in prof.events() if str(e.device_type) == "DeviceType.CUDA"]
+        assert len(kernels) == launches, kernels
+        slots = [3, 1] if table is None else [SLOTS - 4, SLOTS - 2]
+        assert md.mamba_cache_indices.tolist() == [*slots, -1, -1]
+        assert md.query_start_loc.tolist() == [0, 1, 2, 2, 2]
+        assert md.mamba_track_mask is not None
+        assert md.mamba_track_mask.tolist() == [True, False, False, False]
+        assert buffers.views(4)["x"].tolist() == [[1.0, 2.0], [3.0, 4.0], [0.0, 0.0], [0.0, 0.0]]
+        assert _snapshot(buffers)["mamba_cache_indices"][4:].tolist() == [7, 7]
+
+
 def test_target_verify_buffers_per_token_inputs_and_tree_fields() -> None:
     buffers = StaticBuffers(
         max_bs=4,

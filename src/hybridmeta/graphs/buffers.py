@@ -122,6 +122,8 @@ def _err(name: str, rule: str) -> ValueError:
     return ValueError(f"StaticBuffers.refresh: {name} {rule}")
 
 
+_BYTE: Final = torch.uint8
+
 # A live destination of a refresh: (is_input, name, shape the source is viewed as or None).
 _Live = tuple[bool, str, tuple[int, ...] | None]
 
@@ -143,14 +145,38 @@ class _CopyGroup:
 
 
 class _Plan:
-    """Everything a refresh of ``bs`` rows of ``t`` columns into bucket ``(B, T)`` writes."""
+    """Everything a refresh of ``bs`` rows of ``t`` columns into bucket ``(B, T)`` writes.
 
-    __slots__ = ("groups", "translate")
+    ``groups`` holds one copy group per dtype. When there are several, ``merged`` is the
+    same copies as one group of byte views (``torch.uint8``): one ``_foreach_copy_`` (one
+    launch on a GPU) instead of one per dtype. A refresh uses ``merged`` whenever every live
+    source can be viewed as bytes (its last dimension of stride 1), else ``groups``. The
+    byte copy is exact: every source has its buffer's dtype (checked before writing).
+    """
+
+    __slots__ = ("groups", "merged", "translate")
 
     def __init__(self) -> None:
         self.groups: list[_CopyGroup] = []
+        self.merged: _CopyGroup | None = None
         # (field, destination view) of the virtual -> physical translation.
         self.translate: list[tuple[str, torch.Tensor]] = []
+
+
+def _merge(groups: list[_CopyGroup]) -> _CopyGroup | None:
+    """The copies of ``groups`` (one per dtype) as one group of byte views, or ``None``
+    when a destination has no byte view (a strided last dimension)."""
+    merged = _CopyGroup()
+    try:
+        for group in groups:  # the live destinations first, then the pads
+            merged.live += group.live
+            merged.dsts += [d.view(_BYTE) for d in group.dsts[: len(group.live)]]
+        for group in groups:
+            merged.dsts += [d.view(_BYTE) for d in group.dsts[len(group.live) :]]
+            merged.pads += [p.view(_BYTE) for p in group.pads]
+    except RuntimeError:
+        return None
+    return merged
 
 
 def _chain(metadata_class: type) -> tuple[type, ...]:
@@ -538,7 +564,7 @@ class StaticBuffers:
         key = self.key(bucket)
         self._check_bucket(key, 1, 1)
         plan = self._plan(0, key[1], key, (False,) * len(self._optional))
-        for group in plan.groups:
+        for group in plan.groups if plan.merged is None else (plan.merged,):
             torch._foreach_copy_(group.dsts, group.pads)
         return self._build(key)
 
@@ -795,6 +821,24 @@ class StaticBuffers:
         present: tuple[bool, ...],
     ) -> None:
         plan = self._plan(bs, t, key, present)
+        merged = plan.merged
+        if merged is not None:
+            # Every dtype in one dispatcher call (one launch): host time per step is the
+            # budget here. A source whose last dimension is strided has no byte view; then
+            # the copies go per dtype below (nothing was written yet).
+            try:
+                srcs = [
+                    (inputs[n] if is_input else getattr(step, n)).view(_BYTE)
+                    if shape is None
+                    else (inputs[n] if is_input else getattr(step, n)).reshape(shape).view(_BYTE)
+                    for is_input, n, shape in merged.live
+                ]
+            except RuntimeError:
+                pass
+            else:
+                torch._foreach_copy_(merged.dsts, srcs + merged.pads)
+                self._translate(step, plan)
+                return
         for group in plan.groups:
             srcs = []
             for is_input, n, shape in group.live:
@@ -805,6 +849,9 @@ class StaticBuffers:
                 continue
             # One dispatcher call per dtype: host time per step is the budget here.
             torch._foreach_copy_(group.dsts, srcs + group.pads)
+        self._translate(step, plan)
+
+    def _translate(self, step: ForwardMetadata, plan: _Plan) -> None:
         table = self._slot_table
         for name, dst in plan.translate:
             assert table is not None  # a plan translates only when a table was given
@@ -874,6 +921,8 @@ class StaticBuffers:
                 group.dsts.append(dst)
                 group.pads.append(src)
         plan.groups = list(groups.values())  # a group exists only once it has a destination
+        if len(plan.groups) > 1:
+            plan.merged = _merge(plan.groups)
         if len(self._plans) >= _MAX_PLANS:  # a runner needs max_bs * max_draft * 4 at most
             self._plans.clear()
         self._plans[(bs, t, *key, present)] = plan
