@@ -549,7 +549,8 @@ def test_buckets() -> None:
 
 
 def test_int32_index_buffers() -> None:
-    buffers = _buffers(index_dtype=torch.int32, slot_table=torch.arange(SLOTS, dtype=torch.int32))
+    table = torch.arange(SLOTS, dtype=torch.int32).flip(0)  # virtual v -> SLOTS - 1 - v
+    buffers = _buffers(index_dtype=torch.int32, slot_table=table)
     i32 = torch.int32
     step = ForwardMetadata(
         query_start_loc=torch.arange(3, dtype=i32),
@@ -561,7 +562,8 @@ def test_int32_index_buffers() -> None:
     md = buffers.refresh(step, 3, _x(2))
     assert md.query_start_loc.dtype == i32
     assert md.query_start_loc.tolist() == [0, 1, 2, 2]
-    assert md.mamba_cache_indices.tolist() == [4, 2, -1]
+    assert md.mamba_cache_indices.dtype == i32
+    assert md.mamba_cache_indices.tolist() == [SLOTS - 5, SLOTS - 3, -1]
 
 
 def test_generated_step_check_accepts_exactly_what_the_detailed_checks_accept() -> None:

@@ -28,7 +28,7 @@ and which of those are translated (``Role``), which host flag a captured value s
 (``Role.SUBSUMED_FLAG``), which optional fields a pad can stand in for. A new per-row field
 of ``ForwardMetadata``, or of a class derived from ``Mamba2Metadata`` (the commit's
 ``SpecCommitMetadata``: ``metadata_class=``), needs no edit here. Virtual-to-physical slot translation happens in
-exactly one place, :meth:`StaticBuffers._write_live`, for the fields whose role is
+exactly one place, :meth:`StaticBuffers._translate`, for the fields whose role is
 translated (``Role.WORKING_SLOT``).
 
 Checks before anything is written: structure always (shapes, dtypes, devices, host
@@ -855,8 +855,14 @@ class StaticBuffers:
         table = self._slot_table
         for name, dst in plan.translate:
             assert table is not None  # a plan translates only when a table was given
-            # The single virtual -> physical translation point.
-            torch.index_select(table, 0, getattr(step, name), out=dst)
+            # The single virtual -> physical translation point: a lookup in the 1-D table.
+            # With int64 ids a gather (2-3 us less host time per call than index_select's
+            # out= path on the H200 host: 7.6 against 9.2-11.4 us); int32 ids, which not
+            # every torch's gather takes as an index, through index_select.
+            if dst.dtype is torch.int64:
+                torch.gather(table, 0, getattr(step, name), out=dst)
+            else:
+                torch.index_select(table, 0, getattr(step, name), out=dst)
 
     def _plan(self, bs: int, t: int, key: Bucket, present: tuple[bool, ...]) -> _Plan:
         plan = self._plans.get((bs, t, *key, present))
