@@ -8,9 +8,10 @@
    sync.
 2. ``StaticBuffers.refresh`` + metadata at bs 256 (bucket 256), with the virtual ->
    physical slot table and without. Target: under 25 us with the table. Beside it, in the
-   same run, the reference: the same refresh with one copy call per dtype (int64, bool)
-   instead of the one byte-view copy (``refresh_per_dtype``), both measured twice,
-   alternating.
+   same run, the references: the same refresh with one copy call per dtype (int64, bool)
+   instead of the one byte-view copy (``per_dtype``), and that with the translation
+   through ``index_select`` instead of ``gather`` (``previous``: the refresh before both
+   changes); every mode measured twice, alternating.
 
 Host time per call is measured two ways (as ``bench_graphs.py`` does): each call alone,
 the device idle when it starts (``isolated_*``: the host cost of one call), and calls back
@@ -43,6 +44,7 @@ from bench_graphs import (  # type: ignore[import-not-found, unused-ignore]
 )
 
 import hybridmeta
+from hybridmeta.graphs import StaticBuffers
 from hybridmeta.planner import plan_host, plan_mixed_batch
 
 PLANNER_TARGET_US = 300.0
@@ -107,6 +109,12 @@ def bench_planner(device: torch.device, number: int, repeat: int) -> list[dict[s
     return results
 
 
+def _translate_index_select(self: StaticBuffers, step: Any, plan: Any) -> None:
+    """The translation as it was before the gather (reference of ``previous``)."""
+    for name, dst in plan.translate:
+        torch.index_select(self._slot_table, 0, getattr(step, name), out=dst)
+
+
 def _refresh(device: torch.device, number: int, repeat: int) -> list[dict[str, Any]]:
     return bench_refresh(device, number * 4, repeat, sizes=(MAX_BS,), rebuild=False)
 
@@ -129,20 +137,26 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     torch.manual_seed(0)
     planner = bench_planner(device, args.number, args.repeat)
-    rounds: dict[str, list[list[dict[str, Any]]]] = {"merged": [], "per_dtype": []}
-    for _ in range(2):  # alternating, so that a drift of the host's speed hits both
+    rounds: dict[str, list[list[dict[str, Any]]]] = {"merged": [], "per_dtype": [], "previous": []}
+    for _ in range(2):  # alternating, so that a drift of the host's speed hits every mode
         rounds["merged"].append(_refresh(device, args.number, args.repeat))
-        # The reference path: no byte-view plan, one copy call per dtype.
+        # The references: no byte-view plan (one copy call per dtype); and that with the
+        # translation through index_select (the refresh before either change).
         with mock.patch("hybridmeta.graphs.buffers._merge", return_value=None):
             rounds["per_dtype"].append(_refresh(device, args.number, args.repeat))
+            with mock.patch.object(StaticBuffers, "_translate", _translate_index_select):
+                rounds["previous"].append(_refresh(device, args.number, args.repeat))
     refresh = _best(rounds["merged"])
     mixed = next(r for r in planner if r["case"] == "32_mixed")
     table = next(r for r in refresh if r["slot_table"])
     plan_us = mixed["plan_mixed_batch"]["isolated_median_us"]
     refresh_us = table["refresh_and_build"]["isolated_median_us"]
-    per_dtype_us = next(r for r in _best(rounds["per_dtype"]) if r["slot_table"])[
-        "refresh_and_build"
-    ]["isolated_median_us"]
+    per_dtype_us, previous_us = (
+        next(r for r in _best(rounds[mode]) if r["slot_table"])["refresh_and_build"][
+            "isolated_median_us"
+        ]
+        for mode in ("per_dtype", "previous")
+    )
     report = {
         "benchmark": "host",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -166,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
             "refresh_met": refresh_us < REFRESH_TARGET_US and table["no_device_sync"],
             "refresh_bs256_slot_table_per_dtype_isolated_median_us": per_dtype_us,
             "refresh_merged_over_per_dtype": refresh_us / per_dtype_us,
+            "refresh_bs256_slot_table_previous_isolated_median_us": previous_us,
+            "refresh_over_previous": refresh_us / previous_us,
         },
     }
     text = json.dumps(report, indent=2)
