@@ -111,8 +111,10 @@ def bench_planner(device: torch.device, number: int, repeat: int) -> list[dict[s
 
 def _translate_index_select(self: StaticBuffers, step: Any, plan: Any) -> None:
     """The translation as it was before the gather (reference of ``previous``)."""
+    table = self._slot_table
+    assert table is not None  # a plan translates only when a table was given
     for name, dst in plan.translate:
-        torch.index_select(self._slot_table, 0, getattr(step, name), out=dst)
+        torch.index_select(table, 0, getattr(step, name), out=dst)
 
 
 def _refresh(device: torch.device, number: int, repeat: int) -> list[dict[str, Any]]:
