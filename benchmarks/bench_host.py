@@ -112,8 +112,8 @@ def bench_planner(device: torch.device, number: int, repeat: int) -> list[dict[s
 def _translate_index_select(self: StaticBuffers, step: Any, plan: Any) -> None:
     """The translation as it was before the gather (reference of ``previous``)."""
     table = self._slot_table
-    assert table is not None  # a plan translates only when a table was given
     for name, dst in plan.translate:
+        assert table is not None  # a plan translates only when a table was given
         torch.index_select(table, 0, getattr(step, name), out=dst)
 
 
