@@ -856,9 +856,9 @@ class StaticBuffers:
         for name, dst in plan.translate:
             assert table is not None  # a plan translates only when a table was given
             # The single virtual -> physical translation point: a lookup in the 1-D table.
-            # With int64 ids a gather (2-3 us less host time per call than index_select's
-            # out= path on the H200 host: 7.6 against 9.2-11.4 us); int32 ids, which not
-            # every torch's gather takes as an index, through index_select.
+            # int64 ids through a gather: 2-3 us less host time per call than index_select's
+            # out= path on the H200 host (7.6 against 9.2-11.4 us, probe_host_ops.py).
+            # int32 ids, which not every torch's gather takes as an index: index_select.
             if dst.dtype is torch.int64:
                 torch.gather(table, 0, getattr(step, name), out=dst)
             else:
