@@ -303,18 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     # Issue 11's target is the refresh *with* the virtual -> physical slot table.
     at256 = next(r for r in refresh if r["bs"] == 256 and r["slot_table"])
     report = {
-        "benchmark": "graphs",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "device": torch.cuda.get_device_name(device)
-        if device.type == "cuda"
-        else platform.processor() or "cpu",
-        "versions": {
-            "hybridmeta": hybridmeta.__version__,
-            "torch": torch.__version__,
-            "cuda": torch.version.cuda,
-            "triton": _triton_version(),
-            "python": sys.version.split()[0],
-        },
+        **report_header("graphs", device),
         "refresh": refresh,
         "replay": replay,
         "target": {
@@ -332,6 +321,25 @@ def main(argv: list[str] | None = None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "bench_graphs.json").write_text(text + "\n")
     return 0
+
+
+def report_header(benchmark: str, device: torch.device) -> dict[str, Any]:
+    """What every host/graph benchmark JSON opens with: its name, the date, the device and
+    the versions."""
+    return {
+        "benchmark": benchmark,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else platform.processor() or "cpu",
+        "versions": {
+            "hybridmeta": hybridmeta.__version__,
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "triton": _triton_version(),
+            "python": sys.version.split()[0],
+        },
+    }
 
 
 def _triton_version() -> str | None:

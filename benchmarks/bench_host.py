@@ -24,9 +24,7 @@ enqueue). ``mean_of_20_us`` is what ``bench_prefill.py`` reports as ``planner_ho
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import platform
 import random
 import sys
 import time
@@ -41,9 +39,9 @@ from bench_graphs import (  # type: ignore[import-not-found, unused-ignore]
     _no_sync,
     _sync,
     bench_refresh,
+    report_header,
 )
 
-import hybridmeta
 from hybridmeta.graphs import StaticBuffers
 from hybridmeta.planner import plan_host, plan_mixed_batch
 
@@ -160,16 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         for mode in ("per_dtype", "previous")
     )
     report = {
-        "benchmark": "host",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "device": torch.cuda.get_device_name(device)
-        if device.type == "cuda"
-        else platform.processor() or "cpu",
-        "versions": {
-            "hybridmeta": hybridmeta.__version__,
-            "torch": torch.__version__,
-            "python": sys.version.split()[0],
-        },
+        **report_header("host", device),
         "planner": planner,
         "refresh": refresh,
         "refresh_rounds": rounds,

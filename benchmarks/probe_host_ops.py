@@ -15,7 +15,6 @@ gather and the take give the index_select's values.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import statistics
 import sys
@@ -24,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from bench_graphs import report_header  # type: ignore[import-not-found, unused-ignore]
 
 
 def _isolated_us(fn: Callable[[], object], n: int = 3000) -> float:
@@ -90,10 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         equal[name] = bool(torch.equal(dst, ref))
         print(name, "equal", equal[name])
     report = {
-        "benchmark": "probe_host_ops",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "device": torch.cuda.get_device_name(),
-        "versions": {"torch": torch.__version__, "python": sys.version.split()[0]},
+        **report_header("probe_host_ops", torch.device(dev)),
         "isolated_median_us_two_rounds": rounds,
         "equal_to_index_select": equal,
     }
