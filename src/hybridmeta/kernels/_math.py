@@ -193,7 +193,7 @@ def scatter_rows_(
 ) -> None:
     """``pool.select(dim, index[r]) = values[r]`` for the rows ``r`` where ``write``.
 
-    Rows that do not write (pad rows, slot ``-1``) leave the pool untouched, with fixed
+    Rows that do not write (pad rows, invalid ids: ``write`` false) leave the pool untouched, with fixed
     shapes and no device-to-host read, so the references capture into CUDA graphs (and the
     CPU emulation) like the kernels. Written slots must be distinct (the ops' contract);
     each slot takes its value from the one row that writes it.
@@ -210,14 +210,14 @@ def scatter_rows_(
         ``[R]`` bool.
     """
     slots = pool.shape[dim]
+    if slots == 0 or values.shape[0] == 0:
+        return
     rows = torch.arange(index.shape[0], device=index.device)
     target = torch.where(write, index, 0).long()
     # For each slot, the row that writes it (-1: none). amax: deterministic.
     who = torch.full((slots,), -1, dtype=torch.long, device=index.device)
     who.scatter_reduce_(0, target, torch.where(write, rows, -1), reduce="amax")
     view = pool.movedim(dim, 0)  # [slots, ...], a view of the pool
-    if values.shape[0] == 0:
-        return
     gathered = values.index_select(0, who.clamp(min=0)).to(pool.dtype)  # [slots, ...]
     hit = (who >= 0).view(slots, *([1] * (view.dim() - 1)))
     view.copy_(torch.where(hit, gathered, view))
