@@ -172,7 +172,8 @@ def _clean(device: torch.device) -> torch.Tensor:
 
 def _canonical(device: torch.device | str) -> torch.device:
     d = torch.device(device)
-    if d.type == "cuda" and d.index is None:
+    index: int | None = d.index  # None for a bare "cuda" (torch's stubs say int)
+    if d.type == "cuda" and index is None:
         d = torch.device("cuda", torch.cuda.current_device())
     return d
 
@@ -292,11 +293,23 @@ def fault_keys(row_field_values: list[tuple[torch.Tensor, int, torch.Tensor]]) -
     return keys
 
 
-def record_(rec: torch.Tensor, op: str, keys: torch.Tensor, pad: int, bound: int) -> None:
+def _bound_of(field: torch.Tensor, bounds: int | tuple[int, ...]) -> torch.Tensor | int:
+    if isinstance(bounds, int):
+        return bounds
+    b: torch.Tensor | int = bounds[-1]
+    for f in range(len(bounds) - 2, -1, -1):
+        b = torch.where(field == f, bounds[f], b)
+    return b
+
+
+def record_(
+    rec: torch.Tensor, op: str, keys: torch.Tensor, pad: int, bounds: int | tuple[int, ...]
+) -> None:
     """Fold ``keys`` (:func:`fault_keys`, any shape) into the record, on the device, no sync.
 
     The pure-torch twin of :func:`report`: the first faulting op owns the record; its
-    faults are min-reduced.
+    faults are min-reduced. ``bounds``: the fields' bound (one for all, or one per field
+    id) for the message.
     """
     if keys.numel() == 0:
         return
@@ -306,6 +319,7 @@ def record_(rec: torch.Tensor, op: str, keys: torch.Tensor, pad: int, bound: int
     hit = k != NO_FAULT
     take = hit & ((owner == 0) | (owner == tag))
     first = hit & (owner == 0)
+    bound = _bound_of((k >> _FIELD_SHIFT) & 0xF, bounds)
     new = torch.stack(
         [
             torch.where(take, tag, owner),
@@ -317,19 +331,21 @@ def record_(rec: torch.Tensor, op: str, keys: torch.Tensor, pad: int, bound: int
     rec.copy_(new)
 
 
-def host_check(op: str, keys: torch.Tensor, pad: int, bound: int) -> None:
+def host_check(op: str, keys: torch.Tensor, pad: int, bounds: int | tuple[int, ...]) -> None:
     """Raise :class:`SlotIndexError` for the least of ``keys`` (CPU tensors: no sync)."""
     if keys.numel() == 0:
         return
     k = int(keys.min())
     if k != NO_FAULT:
+        fid = (k >> _FIELD_SHIFT) & 0xF
+        bound = bounds if isinstance(bounds, int) else bounds[min(fid, len(bounds) - 1)]
         raise _decode(TAG[op], k, pad, bound).error("host")
 
 
 # --------------------------------------------------------------------------- Triton side
 
 
-@triton.jit
+@triton.jit  # type: ignore[arg-type]  # a helper returning a block; the stub types kernels
 def valid_slot(s: tl.tensor, pad: tl.tensor, n_slots: tl.tensor) -> tl.tensor:
     """``0 <= s < n_slots`` and ``s`` is not the pad id (``s`` int64)."""
     return (s >= 0) & (s < n_slots) & (s != pad)

@@ -72,9 +72,9 @@ from hybridmeta.kernels._validate import (
     check_optional,
     check_pad_slot_id,
     check_pool,
-    check_tensor,
     check_rows,
     check_slots,
+    check_tensor,
     decode_rows,
     non_overlapping,
     pad_slot_of,
@@ -96,7 +96,7 @@ _OP = "ssm_state_update"
 _TAG: tl.constexpr = tl.constexpr(TAG[_OP])
 
 
-@triton.jit
+@triton.jit  # type: ignore[arg-type]  # a helper returning values; the stub types kernels
 def _row_slots(
     i_b: tl.tensor,
     src_ptr: tl.tensor,
