@@ -25,6 +25,8 @@ Values outside int32 are reported saturated (``>= 2147483647`` / ``<= -214748364
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import attrs
 import torch
 import triton
@@ -133,7 +135,7 @@ class KernelFault:
     def rule(self) -> str:
         """What the field's values must be."""
         return {
-            SLOT: f"the pad id {self.pad} or a slot in [0, {self.bound})",
+            SLOT: f"{self.pad} (pad) or in [0, {self.bound})",
             COLUMN: f"-1 or a draft column in [0, T={self.bound})",
             COUNT: f"in [0, T={self.bound}]",
             PARENT: "-1 (a root) or an earlier column (tokens topologically ordered)",
@@ -228,23 +230,43 @@ def _decode(owner: int, key: int, pad: int, bound: int) -> KernelFault:
 
 
 def check_errors(
-    device: torch.device | str | None = None, *, reset: bool = True
+    device: torch.device | str | None = None,
+    *,
+    values: Sequence[int] | None = None,
+    reset: bool = True,
 ) -> KernelFault | None:
-    """Read the error record (one device-to-host read: a sync) and reset it.
+    """Read the error record and reset it.
+
+    Reading the record is a device-to-host read, a sync: call it where the caller syncs
+    anyway. An engine that already copies something to the host each step can copy the
+    record in the same transfer (``error_record(device)``, 4 int64 values, e.g. into page-
+    locked memory with ``non_blocking=True``) and pass those ``values``: then nothing is
+    read from the device (a fault resets it with a device-side write, no sync).
 
     Parameters
     ----------
     device
         The device whose record to read; ``None``: every device that has one (the first
-        fault found is returned, each record is reset).
+        fault found is returned, each faulted record is reset). Required with ``values``.
+    values
+        The record's 4 values as copied by the caller (see above).
     reset
-        Clear the record after reading (default).
+        Clear the record when it holds a fault (default).
 
     Returns
     -------
     KernelFault or None
         The first fault since the last reset, ``None`` if there was none.
     """
+    if values is not None:
+        if device is None:
+            raise ValueError("check_errors: `values` needs the `device` they were read from")
+        owner, key, pad, bound = (int(v) for v in values)
+        if owner == 0 and key == NO_FAULT:
+            return None
+        if reset:
+            reset_errors(device)
+        return _decode(owner, key, pad, bound) if 0 < owner <= len(OPS) else None
     devices = list(_RECORDS) if device is None else [_canonical(device)]
     found: KernelFault | None = None
     for d in devices:
@@ -261,9 +283,11 @@ def check_errors(
     return found
 
 
-def raise_if_faulted(device: torch.device | str | None = None) -> None:
-    """:func:`check_errors`, raising :class:`SlotIndexError` (and resetting) on a fault."""
-    fault = check_errors(device)
+def raise_if_faulted(
+    device: torch.device | str | None = None, *, values: Sequence[int] | None = None
+) -> None:
+    """:func:`check_errors`, raising :class:`SlotIndexError` (after resetting) on a fault."""
+    fault = check_errors(device, values=values)
     if fault is not None:
         raise fault.error()
 

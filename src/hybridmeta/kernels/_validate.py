@@ -194,7 +194,7 @@ def check_index_range(
     if bool(bad.any()):
         first = int(bad.nonzero()[0, 0])
         raise ValueError(
-            f"{op}: `{name}` values must be the pad id {pad_slot_id} or in [0, {slots}); row "
+            f"{op}: `{name}` values must be {pad_slot_id} (pad) or in [0, {slots}); row "
             f"{first} holds {int(idx[first])}"
         )
 
