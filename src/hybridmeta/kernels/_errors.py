@@ -355,15 +355,25 @@ def record_(
     rec.copy_(new)
 
 
+def least_fault(
+    op: str, keys: torch.Tensor, pad: int, bounds: int | tuple[int, ...]
+) -> KernelFault | None:
+    """The least of ``keys`` decoded (reads them: CPU tensors, or debug mode)."""
+    if keys.numel() == 0:
+        return None
+    k = int(keys.min())
+    if k == NO_FAULT:
+        return None
+    fid = (k >> _FIELD_SHIFT) & 0xF
+    bound = bounds if isinstance(bounds, int) else bounds[min(fid, len(bounds) - 1)]
+    return _decode(TAG[op], k, pad, bound)
+
+
 def host_check(op: str, keys: torch.Tensor, pad: int, bounds: int | tuple[int, ...]) -> None:
     """Raise :class:`SlotIndexError` for the least of ``keys`` (CPU tensors: no sync)."""
-    if keys.numel() == 0:
-        return
-    k = int(keys.min())
-    if k != NO_FAULT:
-        fid = (k >> _FIELD_SHIFT) & 0xF
-        bound = bounds if isinstance(bounds, int) else bounds[min(fid, len(bounds) - 1)]
-        raise _decode(TAG[op], k, pad, bound).error("host")
+    fault = least_fault(op, keys, pad, bounds)
+    if fault is not None:
+        raise fault.error("host")
 
 
 # --------------------------------------------------------------------------- Triton side

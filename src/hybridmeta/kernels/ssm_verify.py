@@ -33,7 +33,7 @@ from hybridmeta.kernels._errors import (
     TAG,
     SlotIndexError,
     fault_keys,
-    host_check,
+    least_fault,
     record_,
     record_for,
     report,
@@ -699,46 +699,6 @@ def ssm_verify_update_from_metadata(
     )  # fmt: skip
 
 
-def check_draft_indices(
-    op: str,
-    live: torch.Tensor,
-    T: int,
-    parent: torch.Tensor | None,
-    num_draft: torch.Tensor | None,
-) -> None:
-    """Debug-mode check (syncs) of a draft tree and live counts, for live rows only.
-
-    ``num_draft[b]`` must lie in ``[0, T]``; ``parent[b, t]`` of a live column must be ``-1``
-    or an earlier column (``0 <= parent[b, t] < t``): tokens topologically ordered.
-    """
-    n = torch.full_like(live, T, dtype=torch.int64)
-    if num_draft is not None:
-        bad = live & ((num_draft < 0) | (num_draft > T))
-        if bool(bad.any()):
-            row = int(bad.nonzero()[0, 0])
-            value = int(num_draft[row])
-            raise SlotIndexError(
-                f"{op}: `num_draft` values must be in [0, T={T}]; row {row} holds {value} "
-                "(nothing was written)",
-                op=op, field="num_draft", row=row, value=value,
-            )  # fmt: skip
-        n = num_draft.to(torch.int64)
-    if parent is None:
-        return
-    cols = torch.arange(T, device=live.device)
-    live_cols = live[:, None] & (cols[None, :] < n[:, None])  # [bs, T]
-    bad = live_cols & ((parent < -1) | (parent >= cols[None, :]))
-    if bool(bad.any()):
-        row, col = (int(v) for v in bad.nonzero()[0])
-        value = int(parent[row, col])
-        raise SlotIndexError(
-            f"{op}: `parent` values must be -1 (a root) or an earlier column (tokens "
-            f"topologically ordered); row {row} column {col} holds {value} (nothing was "
-            "written)",
-            op=op, field="parent", row=row, value=value,
-        )  # fmt: skip
-
-
 def verify_faults(
     slots: int,
     pad: int,
@@ -784,10 +744,22 @@ def check_verify_ids(
     num_draft: torch.Tensor | None,
 ) -> None:
     """Host check of a verify's ids (reads them: CPU tensors, or debug mode): the kernels'
-    rules, raised as :class:`SlotIndexError` (a parent names its column)."""
-    src_pad, src_ok = slot_kinds(src, slots, pad)
-    host_check(op, fault_keys([(~src_pad & ~src_ok, 0, src)]), pad, (slots, T, T))
-    check_draft_indices(op, src_ok, T, parent, num_draft)
+    rules, the least faulty row raised as :class:`SlotIndexError` (a parent names its
+    column)."""
+    keys, _, _ = verify_faults(slots, pad, T, src, parent, num_draft)
+    fault = least_fault(op, keys, pad, (slots, T, T))
+    if fault is None:
+        return
+    if fault.field == "parent" and parent is not None:
+        row = fault.row
+        cols = [t for t, p in enumerate(parent[row].tolist()) if not -1 <= p < t]
+        raise SlotIndexError(
+            f"{op}: `parent` values must be -1 (a root) or an earlier column (tokens "
+            f"topologically ordered); row {row} column {cols[0]} holds {fault.value} (nothing "
+            "was written)",
+            op=op, field="parent", row=row, value=fault.value,
+        )  # fmt: skip
+    raise fault.error("host")
 
 
 # --------------------------------------------------------------------------- reference
