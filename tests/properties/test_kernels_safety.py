@@ -330,7 +330,9 @@ def test_track_save_is_memory_safe_for_every_id(case: kst.SafeRowsCase) -> None:
 # --------------------------------------------------------------------------- verify
 
 
-def _verify_expect(c: kst.SafeVerifyCase) -> tuple[Fault | None, list[int], list[int], dict[int, int]]:
+def _verify_expect(
+    c: kst.SafeVerifyCase, slot_field: str
+) -> tuple[Fault | None, list[int], list[int], dict[int, int]]:
     """(first fault, pad rows, bad rows, live columns of each live row)."""
     ids = c.ids
     faults: list[tuple[int, int, str, int]] = []
@@ -341,7 +343,7 @@ def _verify_expect(c: kst.SafeVerifyCase) -> tuple[Fault | None, list[int], list
             pads.append(b)
             continue
         if ids.kind(s) == "invalid":
-            faults.append((b, 0, "state_indices", s))
+            faults.append((b, 0, slot_field, s))
             bad.append(b)
             continue
         n = c.num_draft[b] if c.num_draft is not None else c.T
@@ -364,7 +366,9 @@ def _verify_expect(c: kst.SafeVerifyCase) -> tuple[Fault | None, list[int], list
 def test_verify_is_memory_safe_for_every_id(which: str, case: kst.SafeVerifyCase) -> None:
     ids, bs, T = case.ids, case.bs, case.T
     g = torch.Generator().manual_seed(case.seed)
-    want, pads, bad, live = _verify_expect(case)
+    want, pads, bad, live = _verify_expect(
+        case, "state_indices" if which == "ssm" else "cache_indices"
+    )
     src = _idx(case.src, ids)
     nd = None if case.num_draft is None else _idx(case.num_draft, ids)
     par = None if case.parent is None else torch.tensor(case.parent, dtype=ids.dtype)

@@ -1,0 +1,362 @@
+"""Issue 21's kernel cases, one test each (every one failed on the code before the fix):
+ids outside the pool, ids that are not the pad id, aliasing pools, impossible ``dt_limit``
+values, and the argument checks that come with the declared pad id.
+
+The pools are views ``big[:S]`` (or ``big[:, :S]``) of a larger buffer, so a write past
+the pool lands in memory the test can see.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from hybridmeta import debug_mode
+from hybridmeta.kernels import (
+    Impl,
+    SlotIndexError,
+    causal_conv1d_update,
+    check_errors,
+    conv_verify_update,
+    reset_errors,
+    spec_commit,
+    ssm_state_update,
+    ssm_verify_update,
+    track_save,
+    track_save_reference,
+)
+from tests.kernels._support import bits
+
+S, H, P, N, L, D, K, T = 4, 2, 4, 8, 2, 6, 4, 3
+
+
+@pytest.fixture(autouse=True)
+def _clean_record() -> None:
+    reset_errors()
+
+
+def _ssm_inputs(bs: int) -> dict[str, Any]:
+    g = torch.Generator().manual_seed(bs)
+    return {
+        "x": torch.randn(bs, H, P, generator=g),
+        "dt": torch.randn(bs, H, generator=g),
+        "A": -torch.rand(H, generator=g),
+        "B": torch.randn(bs, 1, N, generator=g),
+        "C": torch.randn(bs, 1, N, generator=g),
+    }
+
+
+def _pools() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Layer-major pools of ``S`` slots inside buffers of ``S + 3``: (conv, ssm, big, big)."""
+    g = torch.Generator().manual_seed(1)
+    conv_big = torch.randn(L, S + 3, D, K - 1, generator=g)
+    ssm_big = torch.randn(L, S + 3, H, P, N, generator=g)
+    return conv_big[:, :S], ssm_big[:, :S], conv_big, ssm_big
+
+
+def _refused(call: Callable[[], object], match: str, *bufs: torch.Tensor) -> None:
+    """``call`` raises ``SlotIndexError`` matching ``match`` and writes none of ``bufs``."""
+    before = [bits(b) for b in bufs]
+    with pytest.raises(SlotIndexError, match=match):
+        call()
+    for b, t in zip(before, bufs, strict=True):
+        assert torch.equal(bits(t), b), "a refused call wrote"
+
+
+@pytest.mark.parametrize("impl", ["triton", "reference"])
+def test_ssm_update_state_index_past_the_pool_writes_nothing(impl: Impl) -> None:
+    """Was: ``state_indices=[S]`` with ``impl="triton"`` wrote past the pool."""
+    big = torch.randn(S + 2, H, P, N)
+    a = _ssm_inputs(1)
+    _refused(
+        lambda: ssm_state_update(
+            big[:S], **a, state_indices=torch.tensor([S]), impl=impl
+        ),
+        r"`state_indices` values must be -1 \(pad\) or in \[0, 4\); row 0 holds 4",
+        big,
+    )
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "match"),
+    [
+        ("dst_indices", S + 1, r"`dst_indices` values must be -1 \(pad\) or in \[0, 4\); row 0 holds 5"),
+        ("track_indices", S, r"`track_indices` values must be -1 \(pad\) or in \[0, 4\); row 0 holds 4"),
+    ],
+)
+@pytest.mark.parametrize("impl", ["triton", "reference"])
+def test_ssm_update_destination_or_track_past_the_pool_writes_nothing(
+    impl: Impl, field: str, value: int, match: str
+) -> None:
+    """Was: ``dst_indices=[S+1]`` / ``track_indices=[S]`` wrote past the pool; the reference
+    advanced the working slot first, then raised torch's error (a retry applied the token
+    twice)."""
+    big = torch.randn(S + 2, H, P, N)
+    a = _ssm_inputs(1)
+    kw: dict[str, Any] = {field: torch.tensor([value])}
+    if field == "track_indices":
+        kw["track_mask"] = torch.tensor([True])
+    _refused(
+        lambda: ssm_state_update(
+            big[:S], **a, state_indices=torch.tensor([1]), impl=impl, **kw
+        ),
+        match,
+        big,
+    )
+
+
+@pytest.mark.parametrize("impl", ["triton", "reference"])
+def test_track_save_track_slot_past_the_pool_writes_nothing(impl: Impl) -> None:
+    """Was: ``track_save(track_indices=[S])`` wrote past both pools."""
+    conv, ssm, conv_big, ssm_big = _pools()
+    _refused(
+        lambda: track_save(
+            conv, ssm, src_indices=torch.tensor([0, 1]), track_indices=torch.tensor([2, S]),
+            track_mask=torch.tensor([True, True]), impl=impl,
+        ),
+        r"track_save: `track_indices` values must be -1 \(pad\) or in \[0, 4\); row 1 holds 4",
+        conv_big, ssm_big,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("impl", ["triton", "reference"])
+def test_track_save_source_past_the_pool_copies_nothing_into_a_live_slot(impl: Impl) -> None:
+    """Was: ``track_save(src_indices=[S])`` copied foreign bytes (past the pool) into the
+    live track slot."""
+    conv, ssm, conv_big, ssm_big = _pools()
+    _refused(
+        lambda: track_save(
+            conv, ssm, src_indices=torch.tensor([S]), track_indices=torch.tensor([2]),
+            track_mask=torch.tensor([True]), impl=impl,
+        ),
+        r"track_save: `src_indices` values must be -1 \(pad\) or in \[0, 4\); row 0 holds 4",
+        conv_big, ssm_big,
+    )  # fmt: skip
+
+
+def test_the_reference_names_the_argument_not_an_internal_tensor() -> None:
+    """Was: the reference raised torch's ``index out of range`` about an internal tensor.
+    Its device path (no host check: what a graph replays) now writes nothing and records
+    the argument by name."""
+    conv, ssm, conv_big, ssm_big = _pools()
+    conv0, ssm0 = conv_big.clone(), ssm_big.clone()
+    track_save_reference(conv, ssm, torch.tensor([1, 0]), torch.tensor([3, S + 7]),
+                         torch.tensor([True, True]))  # fmt: skip
+    for big, old in ((conv_big, conv0), (ssm_big, ssm0)):
+        assert torch.equal(big[:, 3], old[:, 1]), "row 0 (valid) copied slot 1 into slot 3"
+        others = [j for j in range(S + 3) if j != 3]
+        assert torch.equal(bits(big[:, others]), bits(old[:, others])), "row 1 wrote"
+    fault = check_errors()
+    assert fault is not None and (fault.op, fault.field, fault.row, fault.value) == (
+        "track_save", "track_indices", 1, S + 7,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("impl", ["triton", "reference"])
+@pytest.mark.parametrize("value", [-2, -5])
+def test_an_id_below_the_pad_id_is_not_a_pad_row(impl: Impl, value: int) -> None:
+    """Was: slot ``-2`` (any value below -1) made a live row produce zeros and keep its old
+    state, silently."""
+    big = torch.randn(S + 2, H, P, N)
+    a = _ssm_inputs(2)
+    _refused(
+        lambda: ssm_state_update(
+            big[:S], **a, state_indices=torch.tensor([1, value]), impl=impl
+        ),
+        rf"row 1 holds {value}",
+        big,
+    )
+    conv = torch.randn(S, D, K - 1)
+    _refused(
+        lambda: causal_conv1d_update(
+            torch.randn(2, D), conv, torch.randn(D, K), cache_indices=torch.tensor([value, 0]),
+            impl=impl,
+        ),
+        rf"`cache_indices` values must be -1 \(pad\) or in \[0, 4\); row 0 holds {value}",
+        conv,
+    )  # fmt: skip
+
+
+def _commit_args(acc: list[int]) -> dict[str, Any]:
+    g = torch.Generator().manual_seed(5)
+    conv, ssm, conv_big, ssm_big = _pools()
+    return {
+        "conv_pool": conv, "ssm_pool": ssm,
+        "inter_conv": torch.randn(L, len(acc), T, D, K - 1, generator=g),
+        "inter_ssm": torch.randn(L, len(acc), T, H, P, N, generator=g),
+        "state_indices": torch.arange(len(acc)), "accepted_index": torch.tensor(acc),
+        "_bufs": (conv_big, ssm_big),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("impl", ["triton", "reference"])
+def test_commit_of_the_count_instead_of_the_index_is_refused(impl: Impl) -> None:
+    """Was: ``accepted_index=[.., T]`` (the count passed for the index) silently skipped the
+    row's commit."""
+    a = _commit_args([1, T])
+    bufs = a.pop("_bufs")
+    _refused(
+        lambda: spec_commit(**a, impl=impl),
+        r"spec_commit: `accepted_index` values must be -1 or a draft column in \[0, T=3\); "
+        r"row 1 holds 3",
+        *bufs,
+    )
+
+
+@pytest.mark.parametrize("impl", ["triton", "reference"])
+def test_a_track_slot_that_is_another_rows_working_slot_is_refused_in_debug_mode(
+    impl: Impl,
+) -> None:
+    """The two implementations disagreed on it (a race in the kernel). It has no defined
+    result; debug mode refuses it by name (docs/kernels.md, "Write collisions")."""
+    big = torch.randn(S + 2, H, P, N)
+    a = _ssm_inputs(2)
+    with debug_mode():
+        _refused(
+            lambda: ssm_state_update(
+                big[:S], **a, state_indices=torch.tensor([1, 2]),
+                track_indices=torch.tensor([3, 1]), track_mask=torch.tensor([False, True]),
+                impl=impl,
+            ),
+            r"slot 1 is written twice: by `state_indices` of row 0 and `track_indices` of row 1",
+            big,
+        )  # fmt: skip
+
+
+def test_vllm_pad_zero_keeps_slot_zero_a_null_slot() -> None:
+    """``pad_slot_id=0`` (vLLM's ``NULL_BLOCK_ID``): rows holding 0 are pad rows, slot 0 is
+    never written, and ``-1`` is an invalid id there."""
+    big = torch.randn(S + 2, H, P, N)
+    state = big[:S]
+    a = _ssm_inputs(3)
+    before = state.clone()
+    out = ssm_state_update(state, **a, state_indices=torch.tensor([0, 2, 0]), pad_slot_id=0)
+    assert torch.equal(state[0], before[0]) and not torch.equal(state[2], before[2])
+    assert bool((out[[0, 2]] == 0).all())
+    _refused(
+        lambda: ssm_state_update(state, **a, state_indices=torch.tensor([2, -1, 0]), pad_slot_id=0),
+        r"`state_indices` values must be 0 \(pad\) or in \[0, 4\); row 1 holds -1",
+        big,
+    )
+
+
+# --------------------------------------------------------------------------- aliasing pools
+
+
+def _expanded(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with its slot axis expanded: every slot aliases slot 0."""
+    return t[:1].expand(t.shape[0], *t.shape[1:])
+
+
+def _alias_calls() -> list[tuple[str, Callable[[torch.Tensor], object], torch.Tensor]]:
+    a = _ssm_inputs(2)
+    idx = torch.tensor([0, 1])
+    conv, ssm, _, _ = _pools()
+    v = {"x": torch.randn(2, T, H, P), "dt": torch.randn(2, T, H), "A": a["A"],
+         "B": torch.randn(2, T, 1, N), "C": torch.randn(2, T, 1, N)}  # fmt: skip
+    c = _commit_args([0, 1])
+    c.pop("_bufs")
+    return [
+        ("ssm_state_update", lambda p: ssm_state_update(p, **a, state_indices=idx), torch.randn(S, H, P, N)),
+        ("causal_conv1d_update", lambda p: causal_conv1d_update(torch.randn(2, D), p, torch.randn(D, K), cache_indices=idx), torch.randn(S, D, K - 1)),
+        ("track_save ssm", lambda p: track_save(conv, p, src_indices=idx, track_indices=idx + 2, track_mask=idx > 0), ssm.clone()),
+        ("track_save conv", lambda p: track_save(p, ssm, src_indices=idx, track_indices=idx + 2, track_mask=idx > 0), conv.clone()),
+        ("ssm_verify_update", lambda p: ssm_verify_update(p, **v, state_indices=idx, inter=torch.zeros(2, T, H, P, N)), torch.randn(S, H, P, N)),
+        ("conv_verify_update", lambda p: conv_verify_update(torch.randn(2, T, D), p, torch.randn(D, K), cache_indices=idx, inter=torch.zeros(2, T, D, K - 1)), torch.randn(S, D, K - 1)),
+        ("spec_commit", lambda p: spec_commit(**{**c, "ssm_pool": p}), c["ssm_pool"].clone()),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", range(7), ids=[c[0] for c in _alias_calls()])
+@pytest.mark.parametrize("impl", ["triton", "reference"])
+def test_every_op_refuses_a_pool_that_aliases_itself(case: int, impl: Impl) -> None:
+    """Was: an expanded (stride-0) state pool was accepted by the Triton SSM update (every
+    slot one block)."""
+    name, call, pool = _alias_calls()[case]
+    layer_major = name.startswith(("track_save", "spec_commit"))
+    bad = _expanded(pool) if not layer_major else pool[:, :1].expand(*pool.shape)
+    from hybridmeta.kernels import implementation
+
+    with implementation(impl), pytest.raises(ValueError, match=r"must not alias itself"):
+        call(bad)
+    # A slot stride smaller than one slot's extent overlaps too.
+    flat = torch.zeros(pool.numel())
+    per = pool[0].numel() if not layer_major else pool[0, 0].numel()
+    if not layer_major:
+        overlap = flat.as_strided(pool.shape, (per // 2, *pool.stride()[1:]))
+        with implementation(impl), pytest.raises(ValueError, match=r"must not alias itself"):
+            call(overlap)
+
+
+# --------------------------------------------------------------------------- dt_limit
+
+
+@pytest.mark.parametrize(
+    ("lim", "match"),
+    [
+        ((float("inf"), float("inf")), r"finite lo >= 0"),
+        ((-0.5, 1.0), r"finite lo >= 0"),
+        ((-float("inf"), 1.0), r"finite lo >= 0"),
+        ((0.5, 0.1), r"lo <= hi"),
+        ((0.1, float("nan")), r"lo <= hi"),
+    ],
+    ids=["inf-inf", "negative", "minus-inf", "reversed", "nan-hi"],
+)
+@pytest.mark.parametrize("op", ["update", "verify"])
+def test_impossible_dt_limits_are_refused(op: str, lim: tuple[float, float], match: str) -> None:
+    """Was: ``dt_limit=(inf, inf)`` wrote NaN into the pool; negative bounds were accepted."""
+    state = torch.randn(S, H, P, N)
+    before = bits(state)
+    a = _ssm_inputs(1)
+
+    def run() -> object:
+        if op == "update":
+            return ssm_state_update(state, **a, state_indices=torch.tensor([1]), dt_limit=lim)
+        return ssm_verify_update(
+            state, a["x"][:, None], a["dt"][:, None], a["A"], a["B"][:, None],
+            a["C"][:, None], state_indices=torch.tensor([1]),
+            inter=torch.zeros(1, 1, H, P, N), dt_limit=lim,
+        )  # fmt: skip
+
+    with pytest.raises(ValueError, match=rf"`dt_limit` must have (a )?{match}"):
+        run()
+    assert torch.equal(bits(state), before)
+
+
+def test_a_floor_with_no_ceiling_is_accepted() -> None:
+    state = torch.randn(S, H, P, N)
+    ssm_state_update(
+        state, **_ssm_inputs(1), state_indices=torch.tensor([1]), dt_limit=(0.0, float("inf"))
+    )
+
+
+# --------------------------------------------------------------------------- pad_slot_id
+
+
+def _pad_calls() -> list[tuple[str, Callable[[object], object]]]:
+    a = _ssm_inputs(1)
+    idx = torch.tensor([0])
+    conv, ssm, _, _ = _pools()
+    c = _commit_args([0])
+    c.pop("_bufs")
+    v = {"x": torch.randn(1, T, H, P), "dt": torch.randn(1, T, H), "A": a["A"],
+         "B": torch.randn(1, T, 1, N), "C": torch.randn(1, T, 1, N)}  # fmt: skip
+    return [
+        ("ssm_state_update", lambda p: ssm_state_update(torch.randn(S, H, P, N), **a, state_indices=idx, pad_slot_id=p)),  # type: ignore[arg-type]
+        ("causal_conv1d_update", lambda p: causal_conv1d_update(torch.randn(1, D), torch.randn(S, D, K - 1), torch.randn(D, K), cache_indices=idx, pad_slot_id=p)),  # type: ignore[arg-type]
+        ("track_save", lambda p: track_save(conv, ssm, src_indices=idx, track_indices=idx, track_mask=idx > 0, pad_slot_id=p)),  # type: ignore[arg-type]
+        ("ssm_verify_update", lambda p: ssm_verify_update(torch.randn(S, H, P, N), **v, state_indices=idx, inter=torch.zeros(1, T, H, P, N), pad_slot_id=p)),  # type: ignore[arg-type]
+        ("conv_verify_update", lambda p: conv_verify_update(torch.randn(1, T, D), torch.randn(S, D, K - 1), torch.randn(D, K), cache_indices=idx, inter=torch.zeros(1, T, D, K - 1), pad_slot_id=p)),  # type: ignore[arg-type]
+        ("spec_commit", lambda p: spec_commit(**c, pad_slot_id=p)),  # type: ignore[arg-type]
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", range(6), ids=[c[0] for c in _pad_calls()])
+@pytest.mark.parametrize("pad", [True, 1.0, 2**31, -(2**31) - 1, "0"], ids=repr)
+def test_a_pad_slot_id_that_is_not_an_int32_is_refused(case: int, pad: object) -> None:
+    name, call = _pad_calls()[case]
+    with pytest.raises(ValueError, match=rf"{name}: `pad_slot_id` must be an int in int32"):
+        call(pad)
