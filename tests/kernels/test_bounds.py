@@ -57,10 +57,15 @@ def _pools() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     return conv_big[:, :S], ssm_big[:, :S], conv_big, ssm_big
 
 
-def _refused(call: Callable[[], object], match: str, *bufs: torch.Tensor) -> None:
-    """``call`` raises ``SlotIndexError`` matching ``match`` and writes none of ``bufs``."""
+def _refused(
+    call: Callable[[], object],
+    match: str,
+    *bufs: torch.Tensor,
+    exc: type[Exception] = SlotIndexError,
+) -> None:
+    """``call`` raises ``exc`` matching ``match`` and writes none of ``bufs``."""
     before = [bits(b) for b in bufs]
-    with pytest.raises(SlotIndexError, match=match):
+    with pytest.raises(exc, match=match):
         call()
     for b, t in zip(before, bufs, strict=True):
         assert torch.equal(bits(t), b), "a refused call wrote"
@@ -223,6 +228,7 @@ def test_a_track_slot_that_is_another_rows_working_slot_is_refused_in_debug_mode
             ),
             r"slot 1 is written twice: by `state_indices` of row 0 and `track_indices` of row 1",
             big,
+            exc=ValueError,
         )  # fmt: skip
 
 
@@ -360,3 +366,76 @@ def test_a_pad_slot_id_that_is_not_an_int32_is_refused(case: int, pad: object) -
     name, call = _pad_calls()[case]
     with pytest.raises(ValueError, match=rf"{name}: `pad_slot_id` must be an int in int32"):
         call(pad)
+
+
+# --------------------------------------------------------------------------- attention
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["one-pass", "split-keys"])
+@pytest.mark.parametrize("impl", ["triton", "reference"])
+def test_attention_slots_and_positions_outside_the_caches_touch_nothing(
+    impl: Impl, split: bool
+) -> None:
+    """The KV write and the attention read ids on the device too: a slot outside
+    ``[-1, S)`` or a live row's position outside ``[0, max_len)`` writes nothing (not even
+    the scratch row), reads nothing, gives NaN and is recorded (the first row)."""
+    from hybridmeta.kernels.attention_decode import (
+        decode_attention_reference,
+        kv_cache_write_reference,
+        launch_decode_attention,
+    )
+
+    Sa, M, KVH, hd, B, Tq = 3, 32, 1, 16, 4, 2
+    g = torch.Generator().manual_seed(2)
+    kbig, vbig = (torch.randn(Sa + 3, M, KVH, hd, generator=g) for _ in range(2))
+    kc, vc = kbig[: Sa + 1], vbig[: Sa + 1]  # S slots and the scratch row, then a guard
+    k, v, q = (torch.randn(B, Tq, KVH, hd, generator=g) for _ in range(3))
+    slots = torch.tensor([1, Sa + 1, -1, 0])  # row 1: the guard past the scratch row
+    pos = torch.tensor([[3, 4], [0, 1], [99, -5], [5, M]])  # row 3 token 1: past max_len
+    k0, v0 = kbig.clone(), vbig.clone()
+    if impl == "triton":
+        torch.ops.hybridmeta.kv_cache_write(k, v, kc, vc, slots, pos, error_record_cpu())
+    else:
+        kv_cache_write_reference(k, v, kc, vc, slots, pos)
+    written = {(1, 3), (1, 4), (0, 5)}
+    for big, old, x in ((kbig, k0, k), (vbig, v0, v)):
+        for s_ in range(Sa + 3):
+            for m in range(M):
+                if (s_, m) not in written:
+                    assert torch.equal(bits(big[s_, m]), bits(old[s_, m])), (s_, m)
+        assert torch.equal(big[1, 3], x[0, 0]) and torch.equal(big[0, 5], x[3, 0])
+    fault = check_errors()
+    assert fault is not None and (fault.op, fault.field, fault.row, fault.value) == (
+        "kv_cache_write", "slots", 1, Sa + 1,
+    )  # fmt: skip
+
+    if impl == "triton":
+        out = torch.full((B, Tq, KVH * hd), 7.0)
+        launch_decode_attention(
+            q, kc, vc, slots, pos, 0.25, out, block_n=16, splits=(2, 16) if split else None
+        )
+    else:
+        out = decode_attention_reference(q, kc, vc, slots, pos, 0.25)
+    assert not bool(torch.isnan(out[[0, 3], 0]).any()), "the live tokens read their keys"
+    assert bool(torch.isnan(out[1]).all()) and bool(torch.isnan(out[3, 1]).all())
+    assert bool((out[2] == 0).all()), "a pad row reads nothing, outputs zeros"
+    fault = check_errors()
+    assert fault is not None and (fault.op, fault.field, fault.row) == (
+        "decode_attention", "slots", 1,
+    )  # fmt: skip
+    # Without the bad row, the bad position is the first fault.
+    slots2 = torch.tensor([1, 2, -1, 0])
+    out2 = (
+        decode_attention_reference(q, kc, vc, slots2, pos, 0.25) if impl == "reference" else out
+    )
+    if impl == "triton":
+        launch_decode_attention(q, kc, vc, slots2, pos, 0.25, out2, block_n=16)
+    fault = check_errors()
+    assert fault is not None and (fault.field, fault.row, fault.value) == ("positions", 3, M)
+    assert "`positions` values must be in [0, 32); row 3 holds 32" in fault.message()
+
+
+def error_record_cpu() -> torch.Tensor:
+    from hybridmeta.kernels import error_record
+
+    return error_record("cpu")

@@ -77,6 +77,8 @@ OPS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
     ("causal_conv1d_prefill", (("slots", SLOT),)),
     ("ssd_chunked_scan", (("slots", SLOT),)),
     ("extend_track_save", (("track_slots", SLOT),)),
+    ("kv_cache_write", (("slots", SLOT), ("positions", POSITION))),
+    ("decode_attention", (("slots", SLOT), ("positions", POSITION))),
 )
 
 #: Op tags, by name (``tag == OPS index + 1``).

@@ -13,6 +13,7 @@ from collections.abc import Collection, Sequence
 
 import torch
 
+from hybridmeta.core import conventions_of
 from hybridmeta.kernels._errors import MAX_ROWS
 from hybridmeta.model import Mamba2Metadata
 
@@ -246,8 +247,9 @@ def check_disjoint_writes(
 
 
 def pad_slot_of(md: object) -> int:
-    """The pad id of the metadata's slot fields (its declared null slot)."""
-    return -1  # TODO(conventions): hybridmeta.core.conventions_of(md).null_slot
+    """The pad id of the metadata's slot fields: its declared null slot
+    (:func:`hybridmeta.core.conventions_of`)."""
+    return conventions_of(md).null_slot
 
 
 def decode_rows(op: str, md: Mamba2Metadata, bs: int) -> slice:
