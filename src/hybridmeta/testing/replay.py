@@ -230,6 +230,7 @@ class _ReplayBase(RuleBasedStateMachine):
         ]
         if _is_final():
             lines += self._diagnose(batch, fill, bucket, inputs, snapshot, after, outs)
+            check_errors(b.device)  # what the diagnosis replays recorded: reported above
         raise ReplayFailure("\n".join(lines), self.history)
 
     def _compare(
