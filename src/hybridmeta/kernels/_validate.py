@@ -160,15 +160,16 @@ def check_pad_slot_id(op: str, pad: object) -> int:
     return pad
 
 
-@functools.lru_cache(maxsize=1024)
-def non_overlapping(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
-    """Whether no two elements of a tensor of this shape and strides share memory.
-
-    Dims of size 1 do not matter; sorted by stride, each dim's stride must reach past the
-    extent of the dims below it (so a stride-0 / expanded dim of size > 1, or a slot stride
-    smaller than one slot's extent, overlaps). Cached: a pool's layout repeats every call.
-    """
-    dims = sorted((st, n) for n, st in zip(shape, strides, strict=True) if n > 1)
+def _non_overlapping(shape: Sequence[int], strides: Sequence[int]) -> bool:
+    # Insertion sort by stride with plain comparisons (Dynamo cannot trace sorted() over
+    # symbolic strides; comparisons just guard).
+    dims: list[tuple[int, int]] = []
+    for n, st in zip(shape, strides, strict=True):
+        if n > 1:
+            i = len(dims)
+            while i > 0 and dims[i - 1][0] > st:
+                i -= 1
+            dims.insert(i, (st, n))
     extent = 1  # elements spanned by the dims so far, plus one
     for st, n in dims:
         if st < extent:
@@ -177,9 +178,17 @@ def non_overlapping(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
     return True
 
 
+#: Whether no two elements of a tensor of this shape and strides share memory: dims of size
+#: 1 do not matter; sorted by stride, each dim's stride must reach past the extent of the
+#: dims below it (so a stride-0 / expanded dim of size > 1, or a slot stride smaller than
+#: one slot's extent, overlaps). Cached (a pool's layout repeats every call; torch.Size and
+#: stride tuples hash as they are); under Dynamo the function itself is traced.
+non_overlapping = functools.lru_cache(maxsize=1024)(_non_overlapping)
+
+
 def check_no_alias(op: str, name: str, t: torch.Tensor) -> None:
     """Refuse state storage whose elements alias (two slots, or two cells, one address)."""
-    if not non_overlapping(tuple(t.shape), t.stride()):
+    if not non_overlapping(t.shape, t.stride()):
         raise ValueError(
             f"{op}: `{name}` must not alias itself (no stride-0 / expanded dim, each slot's "
             f"stride at least one slot's extent), got shape {list(t.shape)} strides "
