@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import attrs
 import pytest
 import torch
 
@@ -29,6 +30,7 @@ from hybridmeta.kernels import (
     track_save_reference,
 )
 from tests.kernels._support import bits
+from tests.op_log import OpLog
 
 S, H, P, N, L, D, K, T = 4, 2, 4, 8, 2, 6, 4, 3
 
@@ -439,3 +441,137 @@ def error_record_cpu() -> torch.Tensor:
     from hybridmeta.kernels import error_record
 
     return error_record("cpu")
+
+
+# --------------------------------------------------------------------------- prefill ops
+
+
+def _prefill_case(slots: tuple[int, ...], track_slots: tuple[int, ...] = (7, 8)) -> Any:
+    from tests.kernels.test_ssd_scan import spec_of
+    from tests.properties.strategies.prefill import make_layer
+
+    # Row 0 resumes from its slot (prefix 3), row 1 starts fresh; both track a boundary
+    # inside their new tokens (interval 4).
+    spec = spec_of(
+        extend_lens=(6, 7), prefix_lens=(3, 0), slots=slots, track_mask=(True, True),
+        track_slots=track_slots, chunk_size=4, track_interval=4, pool_size=10,
+    )  # fmt: skip
+    return spec, make_layer(spec)
+
+
+def _guarded_pools(data: Any, extra: int = 3) -> tuple[Any, torch.Tensor, torch.Tensor]:
+    """The layer's data with its pools moved into the front of buffers ``extra`` slots
+    longer: ``(data, conv_big, ssm_big)``."""
+    conv_big = torch.cat([data.conv_pool, torch.randn(extra, *data.conv_pool.shape[1:])])
+    ssm_big = torch.cat([data.ssm_pool, torch.randn(extra, *data.ssm_pool.shape[1:])])
+    data = attrs.evolve(data, conv_pool=conv_big[:-extra], ssm_pool=ssm_big[:-extra])
+    return data, conv_big, ssm_big
+
+
+@pytest.mark.parametrize("impl", ["triton", "reference"])
+def test_prefill_slot_past_the_pool_is_refused_before_anything_runs(impl: Impl) -> None:
+    """Was: a pool smaller than the slots gave torch's raw index error (the Triton scan
+    raised after its kernels ran)."""
+    from tests.properties.strategies.prefill import plan_of, run_pipeline
+
+    spec, data = _prefill_case((2, 10 + 1))
+    data, conv_big, ssm_big = _guarded_pools(data)
+    md = plan_of(spec)
+    _refused(
+        lambda: run_pipeline(spec, data, md, impl=impl),
+        r"causal_conv1d_prefill: `prefill_slots` values must be -1 \(pad\) or in \[0, 10\); "
+        r"row 1 holds 11",
+        conv_big, ssm_big,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("impl", ["triton", "reference"])
+def test_prefill_slot_past_the_pool_on_the_device_writes_nothing(impl: Impl) -> None:
+    """The device path of the same call: the row with the invalid slot reads and writes no
+    state (nor its track slots), its outputs are NaN; the other row is exact."""
+    from tests.properties.strategies.prefill import plan_of, run_pipeline
+
+    spec, data = _prefill_case((2, 10 + 1))
+    data, conv_big, ssm_big = _guarded_pools(data)
+    conv0, ssm0 = conv_big.clone(), ssm_big.clone()
+    md = plan_of(spec)
+    ref_spec, ref_data = _prefill_case((2, 5))  # the same rows, row 1 in a valid slot
+    ref_conv, ref_scan = run_pipeline(ref_spec, ref_data, plan_of(ref_spec), impl=impl)
+    with OpLog():
+        conv, scan = run_pipeline(spec, data, md, impl=impl)
+    fault = check_errors()
+    assert fault is not None and (fault.op, fault.field, fault.row, fault.value) == (
+        "causal_conv1d_prefill", "prefill_slots", 1, 11,
+    )  # fmt: skip
+    n0 = spec.extend_lens[0]
+    assert bool(torch.isnan(scan.y[n0:]).all()), "row 1's outputs are poisoned"
+    assert torch.allclose(scan.y[:n0], ref_scan.y[:n0], atol=1e-5), "row 0 is exact"
+    assert torch.allclose(conv.out[:n0], ref_conv.out[:n0])
+    # Row 0 wrote its working slot 2 and its track slot 7; nothing else changed.
+    for big, old in ((conv_big, conv0), (ssm_big, ssm0)):
+        others = [s for s in range(big.shape[0]) if s not in (2, 7)]
+        assert torch.equal(bits(big[others]), bits(old[others])), "the invalid row wrote"
+        assert not torch.equal(big[2], old[2])
+
+
+def test_prefill_track_slot_past_the_pool_is_refused() -> None:
+    from tests.properties.strategies.prefill import plan_of, run_pipeline
+
+    spec, data = _prefill_case((2, 5), track_slots=(7, 10 + 2))
+    data, conv_big, ssm_big = _guarded_pools(data)
+    before = (bits(conv_big), bits(ssm_big))
+    md = plan_of(spec)
+    with pytest.raises(SlotIndexError, match=r"extend_track_save: `mamba_track_indices` values "
+                       r"must be -1 \(pad\) or in \[0, 10\); row 1 holds 12"):  # fmt: skip
+        run_pipeline(spec, data, md)
+    # The conv and the scan ran (their slots are valid); the track save wrote nothing.
+    assert torch.equal(bits(conv_big)[10:], before[0][10:])
+    assert torch.equal(bits(ssm_big)[10:], before[1][10:])
+    assert torch.equal(bits(ssm_big)[7], before[1][7]), "row 0's boundary was not saved either"
+
+
+@pytest.mark.parametrize(
+    ("change", "exc", "match"),
+    [
+        ("ssm int32", TypeError, r"ssd_chunked_scan: `ssm_state` must have dtype"),
+        ("conv int32", TypeError, r"causal_conv1d_prefill: `conv_state` must have dtype"),
+        ("A long", ValueError, r"ssd_chunked_scan: `params.A` must have shape \[nheads\]"),
+        ("D short", ValueError, r"ssd_chunked_scan: `params.D` must have shape \[nheads\]"),
+        ("dt_bias long", ValueError, r"`params.dt_bias` must have shape \[nheads\]"),
+        ("ssm meta", ValueError, r"ssd_chunked_scan: `x` must be on the state's device meta"),
+        ("conv meta", ValueError, r"causal_conv1d_prefill: `xbc` must be on the state's device"),
+        ("ssm expanded", ValueError, r"ssd_chunked_scan: `ssm_state` must not alias itself"),
+    ],
+)
+@pytest.mark.parametrize("impl", ["triton", "reference"])
+def test_prefill_ops_validate_like_the_decode_ops(
+    impl: Impl, change: str, exc: type[Exception], match: str
+) -> None:
+    """Was: an int32 state pool was accepted (states truncated), a pool on another device
+    gave torch's errors, parameters of the wrong length broadcasting errors."""
+    from hybridmeta.kernels import SSMParams
+    from tests.properties.strategies.prefill import plan_of, run_pipeline
+
+    spec, data = _prefill_case((2, 5))
+    H = spec.nheads
+    p = data.params
+    ssm, conv = data.ssm_pool, data.conv_pool
+    change_of = {
+        "ssm int32": {"ssm_pool": ssm.to(torch.int32)},
+        "conv int32": {"conv_pool": conv.to(torch.int32)},
+        "A long": {"params": SSMParams(A=torch.randn(H + 1), D=p.D, dt_bias=p.dt_bias)},
+        "D short": {"params": SSMParams(A=p.A, D=torch.randn(H - 1), dt_bias=p.dt_bias)},
+        "dt_bias long": {"params": SSMParams(A=p.A, D=p.D, dt_bias=torch.randn(H + 1))},
+        "ssm meta": {"ssm_pool": ssm.to("meta")},
+        "conv meta": {"conv_pool": conv.to("meta")},
+        "ssm expanded": {"ssm_pool": ssm[:1].expand(*ssm.shape)},
+    }
+    data = attrs.evolve(data, **change_of[change])
+    before = {k: getattr(data, k).clone() for k in ("conv_pool", "ssm_pool")}
+    with pytest.raises(exc, match=match):
+        run_pipeline(spec, data, plan_of(spec), impl=impl)
+    # The scan's pool is never written (the conv's only by a conv that passed its checks).
+    untouched = ["ssm_pool"] + (["conv_pool"] if change.startswith("conv") else [])
+    for k in untouched:
+        if before[k].device.type != "meta":
+            assert torch.equal(getattr(data, k), before[k]), k

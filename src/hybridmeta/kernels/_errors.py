@@ -74,9 +74,9 @@ OPS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
             ("track_token", COLUMN),
         ),
     ),
-    ("causal_conv1d_prefill", (("slots", SLOT),)),
-    ("ssd_chunked_scan", (("slots", SLOT),)),
-    ("extend_track_save", (("track_slots", SLOT),)),
+    ("causal_conv1d_prefill", (("prefill_slots", SLOT),)),
+    ("ssd_chunked_scan", (("prefill_slots", SLOT),)),
+    ("extend_track_save", (("mamba_cache_indices", SLOT), ("mamba_track_indices", SLOT))),
     ("kv_cache_write", (("slots", SLOT), ("positions", POSITION))),
     ("decode_attention", (("slots", SLOT), ("positions", POSITION))),
 )
@@ -305,15 +305,23 @@ def reset_errors(device: torch.device | str | None = None) -> None:
 # --------------------------------------------------------------------------- torch side
 
 
-def fault_keys(row_field_values: list[tuple[torch.Tensor, int, torch.Tensor]]) -> torch.Tensor:
+def fault_keys(
+    row_field_values: list[tuple[torch.Tensor, int, torch.Tensor]],
+    rows: torch.Tensor | None = None,
+) -> torch.Tensor:
     """``[bs]`` int64 keys: for each row the least ``(field, value)`` among the faults given
     as ``(bad [bs] bool, field id, values [bs])``, :data:`NO_FAULT` where the row has none.
+    ``rows``: the row each entry reports (default: its index).
     """
     keys: torch.Tensor | None = None
     for bad, field, values in row_field_values:
-        rows = torch.arange(bad.shape[0], device=bad.device, dtype=torch.int64)
+        r = (
+            torch.arange(bad.shape[0], device=bad.device, dtype=torch.int64)
+            if rows is None
+            else rows.to(torch.int64)
+        )
         v = values.to(torch.int64).clamp(_INT32_MIN, _INT32_MAX) + _VALUE_OFFSET
-        k = torch.where(bad, (rows << _ROW_SHIFT) | (field << _FIELD_SHIFT) | v, NO_FAULT)
+        k = torch.where(bad, (r << _ROW_SHIFT) | (field << _FIELD_SHIFT) | v, NO_FAULT)
         keys = k if keys is None else torch.minimum(keys, k)
     assert keys is not None
     return keys

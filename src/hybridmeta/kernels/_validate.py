@@ -14,7 +14,7 @@ from collections.abc import Collection, Sequence
 import torch
 
 from hybridmeta.core import conventions_of
-from hybridmeta.kernels._errors import MAX_ROWS
+from hybridmeta.kernels._errors import MAX_ROWS, fault_keys
 from hybridmeta.model import Mamba2Metadata
 
 FLOAT_DTYPES: frozenset[torch.dtype] = frozenset({torch.float32, torch.bfloat16, torch.float16})
@@ -217,6 +217,16 @@ def slot_kinds(
     pad = idx == pad_slot_id
     valid = (idx >= 0) & (idx < slots) & ~pad
     return pad, valid
+
+
+def prefill_slot_faults(
+    slots: int, pad: int, idx: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A prefill's working slots judged (no sync): ``(keys, read, write)``, the per-row
+    fault keys and the rows that may read an initial state / write their final state (a
+    valid slot: not the pad id, not invalid)."""
+    pad_rows, ok = slot_kinds(idx, slots, pad)
+    return fault_keys([(~pad_rows & ~ok, 0, idx)]), ok, ok
 
 
 def check_disjoint_writes(
