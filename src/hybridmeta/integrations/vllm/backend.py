@@ -1,0 +1,164 @@
+"""The plugin's Mamba2 attention backend: vLLM's metadata in, hybridmeta's out.
+
+Registered by :func:`hybridmeta.integrations.vllm.plugin.register` through vLLM's
+declared extension point ``register_backend(MambaAttentionBackendEnum.MAMBA2, ...,
+is_mamba=True)``. The builder keeps vLLM's own builder state (its persistent decode
+buffers, chunk size, the prefill-checkpoint builder that keeps the checkpoints in
+lockstep with vLLM's scheduler) and replaces ``build``: it reads what vLLM hands it into
+one :class:`~hybridmeta.integrations.vllm.metadata.VllmMamba2Step` (:func:`step_from_vllm`)
+and translates that through the one translation point,
+:func:`~hybridmeta.integrations.vllm.metadata.mamba2_metadata`.
+
+Importing this module imports vLLM (it runs only inside a vLLM process).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from vllm.v1.attention.backends.mamba2_attn import (  # type: ignore[import-not-found]
+    Mamba2AttentionBackend,
+    Mamba2AttentionMetadataBuilder,
+)
+from vllm.v1.attention.backends.utils import (  # type: ignore[import-not-found]
+    mamba_get_block_table_tensor,
+)
+
+from hybridmeta.integrations.vllm.metadata import (
+    VllmForward,
+    VllmMamba2Step,
+    decode_rows,
+    mamba2_metadata,
+)
+
+__all__ = ["HybridMamba2Backend", "HybridMamba2Builder", "step_from_vllm"]
+
+
+def step_from_vllm(
+    common: Any,
+    *,
+    kv_cache_spec: Any,
+    mamba_cache_mode: str,
+    chunk_size: int,
+    conv_kernel: int,
+    checkpoints: Callable[[list[int]], Any] | None,
+    num_accepted_tokens: torch.Tensor | None = None,
+) -> VllmMamba2Step:
+    """Read vLLM's ``CommonAttentionMetadata`` (and its prefill checkpoints) into a step.
+
+    The one reader of vLLM's fields: every field the builder is handed that the Mamba2
+    layers need lands in a declared field of :class:`VllmMamba2Step`.
+
+    Decode rows are the leading rows that resume from their state with one new token
+    (vLLM's batch reorder puts them first); a one-token *first* chunk of a prompt has no
+    state and is a prefill row, as in vLLM's own builder.
+    """
+    n = int(common.num_reqs)
+    qsl_cpu = common.query_start_loc_cpu[: n + 1]
+    query_lens = (qsl_cpu[1:] - qsl_cpu[:-1]).tolist()
+    seq_lens_cpu = common.seq_lens_cpu_upper_bound
+    if seq_lens_cpu is None:
+        raise ValueError("hybridmeta vLLM builder: seq_lens_cpu_upper_bound is required")
+    seq_lens_host = seq_lens_cpu[:n].tolist()
+    computed = [s - q for s, q in zip(seq_lens_host, query_lens, strict=True)]
+    num_decodes = decode_rows(query_lens, computed)
+    # vLLM's checkpoint builder (lockstep with its scheduler) covers the prefill rows.
+    checkpoint = (
+        checkpoints(list(range(num_decodes, n))) if checkpoints is not None and num_decodes < n
+        else None
+    )  # fmt: skip
+    state = mamba_get_block_table_tensor(
+        common.block_table_tensor[:n], common.seq_lens[:n], kv_cache_spec, mamba_cache_mode
+    )
+    if state.dim() == 1:
+        state = state.unsqueeze(-1)
+    seq_lens = common.seq_lens[:n]
+    offsets: tuple[int, ...] | None = None
+    ckpt_slots: torch.Tensor | None = None
+    interval = 0
+    if checkpoint is not None:
+        offsets = (0,) * num_decodes + tuple(int(o) for o in checkpoint.offsets)
+        ckpt_slots = torch.cat(
+            (
+                torch.zeros(num_decodes, dtype=checkpoint.state_indices.dtype,
+                            device=checkpoint.state_indices.device),
+                checkpoint.state_indices,
+            )
+        )  # fmt: skip
+        interval = int(kv_cache_spec.block_size)
+    return VllmMamba2Step(
+        query_start_loc=common.query_start_loc[: n + 1],
+        seq_lens=seq_lens,
+        state_indices=state,
+        num_computed_tokens=seq_lens - (common.query_start_loc[1 : n + 1] - common.query_start_loc[:n]),
+        checkpoint_slots=ckpt_slots,
+        num_accepted_tokens=None if num_accepted_tokens is None else num_accepted_tokens[:n],
+        num_decodes=num_decodes,
+        num_decode_tokens=int(qsl_cpu[num_decodes]),
+        query_lens=tuple(query_lens),
+        computed_lens=tuple(computed),
+        checkpoint_offsets=offsets,
+        chunk_size=chunk_size,
+        conv_kernel=conv_kernel,
+        checkpoint_interval=interval,
+    )
+
+
+class HybridMamba2Builder(Mamba2AttentionMetadataBuilder):  # type: ignore[misc]
+    """vLLM's Mamba2 builder with hybridmeta's ``build``.
+
+    ``supports_update_block_table`` is off: vLLM then builds each KV-cache group's
+    metadata through :meth:`build` (one path), instead of patching a copy of another
+    group's metadata in place.
+    """
+
+    supports_update_block_table = False
+
+    def __init__(self, kv_cache_spec: Any, layer_names: list[str], vllm_config: Any,
+                 device: torch.device) -> None:  # fmt: skip
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        if self.num_spec_tokens:
+            raise NotImplementedError(
+                "hybridmeta vLLM plugin: speculative decoding is not served yet "
+                "(docs/vllm.md, 'Not supported yet')"
+            )
+        if self.use_replayssm:
+            raise NotImplementedError("hybridmeta vLLM plugin: ReplaySSM is not supported")
+        conv_shape = kv_cache_spec.shapes[0]
+        self.conv_kernel = int(min(conv_shape)) + 1
+
+    def build(
+        self,
+        common_prefix_len: int,
+        common_attn_metadata: Any,
+        fast_build: bool = False,
+        **kwargs: Any,
+    ) -> VllmForward:
+        step = self.build_step(common_attn_metadata, **kwargs)
+        return VllmForward(md=mamba2_metadata(step), step=step)
+
+    def build_step(self, common_attn_metadata: Any, **kwargs: Any) -> VllmMamba2Step:
+        """The declared step of one forward (no hybridmeta plan yet)."""
+        return step_from_vllm(
+            common_attn_metadata,
+            kv_cache_spec=self.kv_cache_spec,
+            mamba_cache_mode=self.vllm_config.cache_config.mamba_cache_mode,
+            chunk_size=self.chunk_size,
+            conv_kernel=self.conv_kernel,
+            checkpoints=lambda rows: self.checkpoint_builder.build(common_attn_metadata, rows),
+            num_accepted_tokens=kwargs.get("num_accepted_tokens"),
+        )
+
+
+class HybridMamba2Backend(Mamba2AttentionBackend):  # type: ignore[misc]
+    """The Mamba2 backend whose builder is :class:`HybridMamba2Builder`."""
+
+    @staticmethod
+    def get_name() -> str:
+        return "HYBRIDMETA_MAMBA2"
+
+    @staticmethod
+    def get_builder_cls() -> type[HybridMamba2Builder]:
+        return HybridMamba2Builder
