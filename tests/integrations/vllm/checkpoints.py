@@ -108,6 +108,8 @@ def _granite() -> Any:
 def _falcon_h1() -> Any:
     from transformers import FalconH1Config
 
+    _extra: dict[str, Any] = {"head_dim": 64}  # not in every release's signature
+
     return FalconH1Config(
         vocab_size=VOCAB,
         hidden_size=HIDDEN,
@@ -115,7 +117,6 @@ def _falcon_h1() -> Any:
         num_hidden_layers=3,
         num_attention_heads=1,
         num_key_value_heads=1,
-        head_dim=64,
         mamba_n_heads=4,
         mamba_d_head=32,
         mamba_n_groups=2,
@@ -126,6 +127,7 @@ def _falcon_h1() -> Any:
         mamba_d_ssm=128,
         max_position_embeddings=2048,
         tie_word_embeddings=False,
+        **_extra,
     )
 
 
@@ -223,7 +225,7 @@ def write_checkpoint(name: str, directory: str | Path, *, seed: int = 0) -> Path
         return root
     cfg = spec.make_config()
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)  # type: ignore[no-untyped-call]
     _reseed(model, seed)
     model.save_pretrained(str(root))
     stamp.write_text(json.dumps(recipe))

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 from vllm.v1.attention.backends.mamba2_attn import (  # type: ignore[import-not-found]
     Mamba2AttentionBackend,
@@ -56,13 +57,12 @@ def step_from_vllm(
     state and is a prefill row, as in vLLM's own builder.
     """
     n = int(common.num_reqs)
-    qsl_cpu = common.query_start_loc_cpu[: n + 1]
-    query_lens = (qsl_cpu[1:] - qsl_cpu[:-1]).tolist()
+    qsl_cpu = common.query_start_loc_cpu[: n + 1].numpy()
+    query_lens = np.diff(qsl_cpu).astype(np.int64)
     seq_lens_cpu = common.seq_lens_cpu_upper_bound
     if seq_lens_cpu is None:
         raise ValueError("hybridmeta vLLM builder: seq_lens_cpu_upper_bound is required")
-    seq_lens_host = seq_lens_cpu[:n].tolist()
-    computed = [s - q for s, q in zip(seq_lens_host, query_lens, strict=True)]
+    computed = seq_lens_cpu[:n].numpy().astype(np.int64) - query_lens
     num_decodes = decode_rows(query_lens, computed)
     # vLLM's checkpoint builder (lockstep with its scheduler) covers the prefill rows.
     checkpoint = (
@@ -92,13 +92,13 @@ def step_from_vllm(
         query_start_loc=common.query_start_loc[: n + 1],
         seq_lens=seq_lens,
         state_indices=state,
-        num_computed_tokens=seq_lens - (common.query_start_loc[1 : n + 1] - common.query_start_loc[:n]),
+        num_computed_tokens=common.compute_num_computed_tokens()[:n],
         checkpoint_slots=ckpt_slots,
         num_accepted_tokens=None if num_accepted_tokens is None else num_accepted_tokens[:n],
         num_decodes=num_decodes,
         num_decode_tokens=int(qsl_cpu[num_decodes]),
-        query_lens=tuple(query_lens),
-        computed_lens=tuple(computed),
+        query_lens=query_lens,
+        computed_lens=computed,
         checkpoint_offsets=offsets,
         chunk_size=chunk_size,
         conv_kernel=conv_kernel,

@@ -28,7 +28,7 @@ import numpy.typing as npt
 import torch
 
 from hybridmeta.core import BATCH, INDEX, Pad, Role, field, metadata, tensor_field
-from hybridmeta.model import Mamba2Metadata
+from hybridmeta.model import ForwardMetadata, Mamba2Metadata, prepare_decode
 from hybridmeta.planner import plan_mixed_batch
 
 __all__ = [
@@ -116,8 +116,10 @@ class VllmMamba2Step:
     )
     num_decodes: int = field(doc="Decode rows (the first rows).")
     num_decode_tokens: int = field(doc="Tokens of the decode rows.")
-    query_lens: tuple[int, ...] = field(doc="Host: new tokens of each row.")
-    computed_lens: tuple[int, ...] = field(doc="Host: tokens already in each row's state.")
+    query_lens: npt.NDArray[np.int64] = field(doc="Host: [bs] new tokens of each row.")
+    computed_lens: npt.NDArray[np.int64] = field(
+        doc="Host: [bs] tokens already in each row's state."
+    )
     checkpoint_offsets: tuple[int, ...] | None = field(
         default=None,
         doc="Host: align mode, the checkpoint's offset into each row's query (0: none); "
@@ -132,8 +134,8 @@ class VllmMamba2Step:
     )
 
     def __validate__(self) -> None:
-        n = len(self.query_lens)
-        if len(self.computed_lens) != n:
+        n = self.query_lens.shape[0]
+        if self.computed_lens.shape != (n,) or self.query_lens.ndim != 1:
             raise ValueError(
                 f"VllmMamba2Step.computed_lens has {len(self.computed_lens)} rows but "
                 f"query_lens has {n}"
@@ -158,7 +160,7 @@ class VllmMamba2Step:
 
     @property
     def num_rows(self) -> int:
-        return len(self.query_lens)
+        return int(self.query_lens.shape[0])
 
     @property
     def num_prefills(self) -> int:
@@ -178,21 +180,24 @@ class TrackRuleError(NotImplementedError):
     """vLLM asks for a checkpoint position the planner's track rule cannot express yet."""
 
 
-def decode_rows(query_lens: Sequence[int], computed_lens: Sequence[int]) -> int:
+def decode_rows(query_lens: npt.NDArray[np.int64], computed_lens: npt.NDArray[np.int64]) -> int:
     """How many leading rows are decode rows: one new token on top of a state.
 
     vLLM's batch reorder puts decodes first; a one-token *first* chunk of a prompt has no
     state and is a prefill row (as in vLLM's own builder).
     """
-    d, n = 0, len(query_lens)
-    while d < n and query_lens[d] == 1 and computed_lens[d] > 0:
-        d += 1
-    return d
+    is_decode = (query_lens == 1) & (computed_lens > 0)
+    if is_decode.all():
+        return int(is_decode.shape[0])
+    return int(is_decode.argmin())
 
 
-def row_order(step: VllmMamba2Step) -> npt.NDArray[np.int64]:
-    """``[bs]`` the vLLM row of each metadata row (interim: prefill rows first)."""
+def row_order(step: VllmMamba2Step) -> npt.NDArray[np.int64] | None:
+    """``[bs]`` the vLLM row of each metadata row (interim: prefill rows first); ``None``
+    where that is the identity (a batch of decode rows only, or of prefill rows only)."""
     n, d = step.num_rows, step.num_decodes
+    if d in (0, n):
+        return None
     return np.concatenate((np.arange(d, n), np.arange(0, d))).astype(np.int64)
 
 
@@ -227,7 +232,7 @@ def _track_rows(
             mask.append(False)
             track.append(-1)
             continue
-        pre, ext = step.computed_lens[r], step.query_lens[r]
+        pre, ext = int(step.computed_lens[r]), int(step.query_lens[r])
         want = pre + off  # vLLM's checkpoint position (absolute)
         # The planner saves the last multiple of the interval reached by the row.
         got = (pre + ext) // interval * interval
@@ -258,11 +263,19 @@ def mamba2_metadata(step: VllmMamba2Step) -> Mamba2Metadata:
     TrackRuleError
         A checkpoint position the planner's rule cannot express (interim).
     """
+    if step.num_prefills == 0:
+        # A decode step (the hot path): vLLM's own tensors, no plan and no host copy. In
+        # align mode its block boundaries are vLLM's block copies, not layer saves.
+        fwd = ForwardMetadata(
+            query_start_loc=step.query_start_loc, mamba_cache_indices=step.state_indices[:, 0]
+        )
+        return prepare_decode(fwd)
     order = row_order(step)
-    slots = _host_slots(step.state_indices[:, 0])[order]
-    ext = np.asarray(step.query_lens, dtype=np.int64)[order]
-    pre = np.asarray(step.computed_lens, dtype=np.int64)[order]
-    track = _track_rows(step, order.tolist())
+    slots = _host_slots(step.state_indices[:, 0])
+    ext, pre = step.query_lens, step.computed_lens
+    if order is not None:
+        slots, ext, pre = slots[order], ext[order], pre[order]
+    track = _track_rows(step, order.tolist() if order is not None else range(step.num_rows))
     return plan_mixed_batch(
         extend_lens=ext,
         prefix_lens=pre,

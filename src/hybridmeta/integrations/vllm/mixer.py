@@ -20,9 +20,6 @@ Importing this module imports vLLM.
 
 from __future__ import annotations
 
-import math
-from typing import Any
-
 import torch
 from vllm.forward_context import get_forward_context  # type: ignore[import-not-found]
 from vllm.model_executor.layers.mamba.mamba_mixer2 import (  # type: ignore[import-not-found]
@@ -32,14 +29,10 @@ from vllm.model_executor.layers.mamba.mamba_utils import (  # type: ignore[impor
     is_conv_state_dim_first,
 )
 
-from hybridmeta import kernels
+from hybridmeta.integrations.vllm.layer import LayerShape, conv_ssm
 from hybridmeta.integrations.vllm.metadata import VllmForward
 
 __all__ = ["HybridMambaMixer2"]
-
-#: vLLM's Mamba2 layers clamp dt to (0, inf) (no limit): the same here.
-DT_LIMIT = (0.0, math.inf)
-
 
 class HybridMambaMixer2(MambaMixer2):  # type: ignore[misc]
     """vLLM's ``MambaMixer2`` whose conv + SSM run through hybridmeta's ops."""
@@ -60,55 +53,27 @@ class HybridMambaMixer2(MambaMixer2):  # type: ignore[misc]
                 f"{type(fwd).__name__}, not the hybridmeta backend's VllmForward; is the "
                 "hybridmeta Mamba2 backend registered (HYBRIDMETA_VLLM=1)?"
             )
-        md = fwd.md
         xbc, dt = torch.split(
             projected_states[..., self.tped_intermediate_size :],
             [self.tped_conv_size, self.tped_dt_size],
             dim=-1,
         )
         # The ops take the pool as [slots, conv_dim, K - 1] (a view of vLLM's layout).
-        conv_state = self.kv_cache[0] if is_conv_state_dim_first() else self.kv_cache[0].transpose(-1, -2)
-        ssm_state = self.kv_cache[1]  # [slots, heads, head_dim, state]
-        H = self.num_heads // self.tp_size
-        G = self.n_groups // self.tp_size
-        P, N = self.head_dim, self.ssm_state_size
-        weight = self.conv_weights  # [conv_dim, K]
-        bias = self.conv1d.bias
-        nd = md.num_decodes  # vLLM's decode tokens come first (one each)
-        tp = md.num_prefill_tokens
-        if md.num_prefills:
-            xbc_p = xbc[nd : nd + tp]
-            conv = kernels.causal_conv1d_prefill(
-                xbc_p, weight, bias, md=md, conv_state=conv_state, activation=self.activation
-            )
-            x, b, c = kernels.split_xbc(conv.out, H, P, G, N)
-            params = kernels.SSMParams(A=self.A, D=self.D, dt_bias=self.dt_bias, dt_softplus=True)
-            scan = kernels.ssd_chunked_scan(
-                x, dt[nd : nd + tp], b, c, params=params, md=md, ssm_state=ssm_state
-            )
-            kernels.extend_track_save(
-                md, xbc=xbc_p, conv=conv, scan=scan, conv_state=conv_state, ssm_state=ssm_state
-            )
-            output[nd : nd + tp].copy_(scan.y.reshape(tp, -1))
-        if nd:
-            u = kernels.causal_conv1d_update_from_metadata(
-                md, xbc[:nd], conv_state, weight, bias, activation=self.activation
-            )
-            x, b, c = kernels.split_xbc(u, H, P, G, N)
-            y = kernels.ssm_state_update_from_metadata(
-                md, ssm_state, x, dt[:nd], self.A, b, c, D=self.D, dt_bias=self.dt_bias,
-                dt_softplus=True, dt_limit=DT_LIMIT,
-            )  # fmt: skip
-            output[:nd].copy_(y.reshape(nd, -1))
-        # Rows whose track boundary ends them save after their update (align mode's
-        # checkpoints lie inside prefill rows; this is a no-op unless the plan says so).
-        kernels.track_save_from_metadata(md, conv_state.unsqueeze(0), ssm_state.unsqueeze(0))
+        conv = self.kv_cache[0]
+        conv_state = conv if is_conv_state_dim_first() else conv.transpose(-1, -2)
+        conv_ssm(
+            fwd.md, xbc, dt, output, conv_state=conv_state, ssm_state=self.kv_cache[1],
+            conv_weight=self.conv_weights, conv_bias=self.conv1d.bias, A=self.A, D=self.D,
+            dt_bias=self.dt_bias, shape=self.hybridmeta_shape,
+        )  # fmt: skip
 
     @property
-    def hybridmeta_info(self) -> dict[str, Any]:
-        """What this shard runs (for logs and tests)."""
-        return {
-            "heads": self.num_heads // self.tp_size,
-            "groups": self.n_groups // self.tp_size,
-            "tp_size": self.tp_size,
-        }
+    def hybridmeta_shape(self) -> LayerShape:
+        """This rank's shard: vLLM shards heads and groups (replicated groups included)."""
+        return LayerShape(
+            heads=self.num_heads // self.tp_size,
+            head_dim=self.head_dim,
+            groups=self.n_groups // self.tp_size,
+            state=self.ssm_state_size,
+            activation=self.activation,
+        )
