@@ -133,8 +133,11 @@ def main() -> int:
         "name": "bench_vllm_builder",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)",
-        "versions": {"vllm": vllm.__version__, "torch": torch.__version__,
-                     "python": platform.python_version()},  # fmt: skip
+        "versions": {
+            "vllm": vllm.__version__,
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+        },
         "checkpoint": name,
         "repeat": args.repeat,
         "threads": torch.get_num_threads(),
