@@ -101,6 +101,6 @@ def conv_ssm(
         )  # fmt: skip
         output[:nd].copy_(y.reshape(nd, -1))
         CALLS["decode"] += 1
-    # Rows whose track boundary ends them save after their update (align mode's
-    # checkpoints lie inside prefill rows: a no-op unless the plan says otherwise).
-    kernels.track_save_from_metadata(md, conv_state.unsqueeze(0), ssm_state.unsqueeze(0))
+    # No row-end track save: in align mode a row's state at its own end is its block
+    # (vLLM copies it on), and the translation plans only checkpoints inside prefill rows
+    # (it refuses any other, metadata.TrackRuleError).

@@ -28,12 +28,14 @@ import numpy.typing as npt
 import torch
 
 from hybridmeta.core import BATCH, INDEX, Pad, Role, field, metadata, tensor_field
+from hybridmeta.graphs.buffers import InputSpec, StaticBuffers
 from hybridmeta.model import ForwardMetadata, Mamba2Metadata, prepare_decode
 from hybridmeta.planner import plan_mixed_batch
 
 __all__ = [
     "NULL_BLOCK_ID",
     "VLLM_CONVENTIONS",
+    "DecodeGraphBuffers",
     "TrackRuleError",
     "VllmForward",
     "VllmMamba2Step",
@@ -248,6 +250,70 @@ def _track_rows(
     return mask, track
 
 
+def _decode_forward(step: VllmMamba2Step) -> ForwardMetadata:
+    # A decode step (the hot path): vLLM's own tensors, no plan and no host copy. In align
+    # mode a decode row's block boundary is vLLM's block copy, not a layer save.
+    return ForwardMetadata(
+        query_start_loc=step.query_start_loc, mamba_cache_indices=step.state_indices[:, 0]
+    )
+
+
+class DecodeGraphBuffers:
+    """The persistent decode buffers of vLLM's FULL CUDA-graph path, from ``StaticBuffers``.
+
+    vLLM's own builder keeps persistent ``[max_bs, 1 + num_spec]`` state-index buffers and
+    pads them with ``NULL_BLOCK_ID``; here every per-row field the decode ops read is a
+    static buffer generated from the declarations, refreshed in place for each step and
+    handed out as views of exactly the bucket's rows (no stale tail reaches a kernel; pad
+    rows carry hybridmeta's pad ``-1`` and write no state).
+
+    Parameters
+    ----------
+    max_bs : int
+        vLLM's largest decode graph (``decode_cudagraph_max_bs``).
+    num_slots : int
+        Blocks of the state cache (slot ids ``< num_slots``).
+    device : torch.device or str
+    inputs : mapping of str to InputSpec, optional
+        Static per-row inputs refreshed with the metadata (tests; vLLM owns its inputs).
+    """
+
+    def __init__(
+        self,
+        *,
+        max_bs: int,
+        num_slots: int,
+        device: torch.device | str,
+        inputs: dict[str, InputSpec] | None = None,
+    ) -> None:
+        self.buffers = StaticBuffers(
+            max_bs=max_bs,
+            num_slots=num_slots,
+            device=device,
+            index_dtype=torch.int32,
+            optional_fields=(),  # a decode row saves nothing: no track fields
+            inputs=inputs,
+        )
+
+    def capture(self, bucket: int) -> Mamba2Metadata:
+        """Metadata of a bucket with every row padded (capture and warm-up)."""
+        return self.buffers.pad_all(bucket)
+
+    def refresh(
+        self,
+        step: VllmMamba2Step,
+        bucket: int,
+        inputs: dict[str, torch.Tensor] | None = None,
+    ) -> Mamba2Metadata:
+        """Write a decode step's rows (and the pad up to ``bucket``); bucket-row views."""
+        if step.num_prefills:
+            raise ValueError(
+                f"DecodeGraphBuffers.refresh: the step has {step.num_prefills} prefill rows; "
+                "vLLM captures decode-only graphs"
+            )
+        return self.buffers.refresh(_decode_forward(step), bucket, inputs)
+
+
 def mamba2_metadata(step: VllmMamba2Step) -> Mamba2Metadata:
     """The ``Mamba2Metadata`` of one vLLM forward: the one translation point.
 
@@ -264,12 +330,7 @@ def mamba2_metadata(step: VllmMamba2Step) -> Mamba2Metadata:
         A checkpoint position the planner's rule cannot express (interim).
     """
     if step.num_prefills == 0:
-        # A decode step (the hot path): vLLM's own tensors, no plan and no host copy. In
-        # align mode its block boundaries are vLLM's block copies, not layer saves.
-        fwd = ForwardMetadata(
-            query_start_loc=step.query_start_loc, mamba_cache_indices=step.state_indices[:, 0]
-        )
-        return prepare_decode(fwd)
+        return prepare_decode(_decode_forward(step))
     order = row_order(step)
     slots = _host_slots(step.state_indices[:, 0])
     ext, pre = step.query_lens, step.computed_lens
