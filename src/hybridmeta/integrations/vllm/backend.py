@@ -28,6 +28,7 @@ from vllm.v1.attention.backends.utils import (  # type: ignore[import-not-found]
 )
 
 from hybridmeta.integrations.vllm.metadata import (
+    DecodeGraphBuffers,
     VllmForward,
     VllmMamba2Step,
     decode_rows,
@@ -46,6 +47,7 @@ def step_from_vllm(
     conv_kernel: int,
     checkpoints: Callable[[list[int]], Any] | None,
     num_accepted_tokens: torch.Tensor | None = None,
+    num_rows: int | None = None,
 ) -> VllmMamba2Step:
     """Read vLLM's ``CommonAttentionMetadata`` (and its prefill checkpoints) into a step.
 
@@ -54,9 +56,10 @@ def step_from_vllm(
 
     Decode rows are the leading rows that resume from their state with one new token
     (vLLM's batch reorder puts them first); a one-token *first* chunk of a prompt has no
-    state and is a prefill row, as in vLLM's own builder.
+    state and is a prefill row, as in vLLM's own builder. ``num_rows``: the live rows
+    (default every request row; a FULL-graph batch's padding rows come after them).
     """
-    n = int(common.num_reqs)
+    n = int(common.num_reqs) if num_rows is None else num_rows
     qsl_cpu = common.query_start_loc_cpu[: n + 1].numpy()
     query_lens = np.diff(qsl_cpu).astype(np.int64)
     seq_lens_cpu = common.seq_lens_cpu_upper_bound
@@ -128,6 +131,15 @@ class HybridMamba2Builder(Mamba2AttentionMetadataBuilder):  # type: ignore[misc]
             raise NotImplementedError("hybridmeta vLLM plugin: ReplaySSM is not supported")
         conv_shape = kv_cache_spec.shapes[0]
         self.conv_kernel = int(min(conv_shape)) + 1
+        # vLLM's FULL-graph decode path: persistent buffers from StaticBuffers.
+        self.graphs: DecodeGraphBuffers | None = None
+        if self.compilation_config.cudagraph_mode.has_full_cudagraphs():
+            blocks = vllm_config.cache_config.num_gpu_blocks
+            self.graphs = DecodeGraphBuffers(
+                max_bs=self.decode_cudagraph_max_bs,
+                num_slots=int(blocks) if blocks else 2**31 - 1,
+                device=device,
+            )
 
     def build(
         self,
@@ -136,10 +148,19 @@ class HybridMamba2Builder(Mamba2AttentionMetadataBuilder):  # type: ignore[misc]
         fast_build: bool = False,
         **kwargs: Any,
     ) -> VllmForward:
-        step = self.build_step(common_attn_metadata, **kwargs)
-        return VllmForward(md=mamba2_metadata(step), step=step)
+        n = int(common_attn_metadata.num_reqs)
+        lens = np.diff(common_attn_metadata.query_start_loc_cpu[: n + 1].numpy())
+        live = n - int(np.argmax(lens[::-1] != 0)) if lens.any() else 0  # padding rows last
+        step = self.build_step(common_attn_metadata, num_rows=live, **kwargs)
+        if self.graphs is not None and step.num_prefills == 0 and n <= self.graphs.buffers.max_bs:
+            md = self.graphs.refresh(step, n)  # views of exactly the bucket's n rows
+        else:
+            md = mamba2_metadata(step)
+        return VllmForward(md=md, step=step)
 
-    def build_step(self, common_attn_metadata: Any, **kwargs: Any) -> VllmMamba2Step:
+    def build_step(
+        self, common_attn_metadata: Any, num_rows: int | None = None, **kwargs: Any
+    ) -> VllmMamba2Step:
         """The declared step of one forward (no hybridmeta plan yet)."""
         return step_from_vllm(
             common_attn_metadata,
@@ -149,6 +170,7 @@ class HybridMamba2Builder(Mamba2AttentionMetadataBuilder):  # type: ignore[misc]
             conv_kernel=self.conv_kernel,
             checkpoints=lambda rows: self.checkpoint_builder.build(common_attn_metadata, rows),
             num_accepted_tokens=kwargs.get("num_accepted_tokens"),
+            num_rows=num_rows,
         )
 
 
