@@ -9,7 +9,7 @@ the same ``CommonAttentionMetadata`` of each batch, side by side in one process:
 
 Batches: decode-only (bs 1 / 16 / 64 / 256), prefill-only (1 / 8 rows of 512 tokens) and
 mixed (32 decodes + 4 prefill chunks of 100 tokens, some resuming). Each build is timed
-``--repeat`` times (median, best-of microseconds); the JSON gives device, versions, date
+``--repeat`` times, the two interleaved (median, best-of microseconds); the JSON gives device, versions, date
 and the ratio hybridmeta / vLLM per batch (goal: <= 1).
 
 Run in the vLLM environment::
@@ -77,15 +77,24 @@ def _common(rows: list[tuple[int, int]]) -> Any:
     )  # fmt: skip
 
 
-def _time(fn: Any, repeat: int) -> dict[str, float]:
+def _time_pair(a: Any, b: Any, repeat: int) -> tuple[dict[str, float], dict[str, float]]:
+    """Time ``a`` and ``b`` interleaved (a, b, a, b, ...): a shared machine's drift hits
+    both alike."""
     for _ in range(3):
-        fn()
-    times = []
+        a()
+        b()
+    ta, tb = [], []
     for _ in range(repeat):
         t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e6)
-    return {"median_us": statistics.median(times), "best_us": min(times)}
+        a()
+        t1 = time.perf_counter()
+        b()
+        t2 = time.perf_counter()
+        ta.append((t1 - t0) * 1e6)
+        tb.append((t2 - t1) * 1e6)
+    return tuple(  # type: ignore[return-value]
+        {"median_us": statistics.median(t), "best_us": min(t)} for t in (ta, tb)
+    )
 
 
 def main() -> int:
@@ -120,8 +129,9 @@ def main() -> int:
         ours = HybridMamba2Builder(kv_spec, ["l0"], cfg, dev)
         for batch, rows in BATCHES.items():
             common = _common(rows)
-            t_ref = _time(lambda c=common: ref.build(0, c), args.repeat)
-            t_ours = _time(lambda c=common: ours.build(0, c), args.repeat)
+            t_ref, t_ours = _time_pair(
+                lambda c=common: ref.build(0, c), lambda c=common: ours.build(0, c), args.repeat
+            )
             results[batch] = {
                 "vllm": t_ref,
                 "hybridmeta": t_ours,
