@@ -162,3 +162,8 @@ def test_tensor_parallel_2_equals_tp1_and_stock_tp2(name: str) -> None:
             worst = max(worst, _compare(a, b, tol)["max_lp_diff"], _compare(a, c, tol)["max_lp_diff"])
     _report(f"tp2/{name}", {"max_lp_diff_vs_stock_tp2_and_plugin_tp1": worst})
     assert not math.isnan(worst)
+    # both ranks' layers ran hybridmeta's path (each worker process logs its first forward)
+    log = (runs.CACHE / "runs" / "plugin_tp2.log").read_text()
+    for rank in (0, 1):
+        assert f"hybridmeta MambaMixer2 serving (tp rank {rank} of 2" in log, rank
+    assert "hybridmeta MambaMixer2 serving" not in (runs.CACHE / "runs" / "stock_tp2.log").read_text()

@@ -20,7 +20,12 @@ Importing this module imports vLLM.
 
 from __future__ import annotations
 
+import logging
+
 import torch
+from vllm.distributed import (  # type: ignore[import-not-found]
+    get_tensor_model_parallel_rank as _tp_rank,
+)
 from vllm.forward_context import get_forward_context  # type: ignore[import-not-found]
 from vllm.model_executor.layers.mamba.mamba_mixer2 import (  # type: ignore[import-not-found]
     MambaMixer2,
@@ -34,8 +39,12 @@ from hybridmeta.integrations.vllm.metadata import VllmForward
 
 __all__ = ["HybridMambaMixer2"]
 
+log = logging.getLogger("vllm.hybridmeta")
+
 class HybridMambaMixer2(MambaMixer2):  # type: ignore[misc]
     """vLLM's ``MambaMixer2`` whose conv + SSM run through hybridmeta's ops."""
+
+    _announced = False  # one log line per process, at the first forward with metadata
 
     def conv_ssm_forward(self, projected_states: torch.Tensor, output: torch.Tensor) -> None:
         """Conv + SSM of one forward: ``output[:T]`` gets the SSM output of every token.
@@ -53,6 +62,14 @@ class HybridMambaMixer2(MambaMixer2):  # type: ignore[misc]
                 f"{type(fwd).__name__}, not the hybridmeta backend's VllmForward; is the "
                 "hybridmeta Mamba2 backend registered (HYBRIDMETA_VLLM=1)?"
             )
+        if not HybridMambaMixer2._announced:
+            HybridMambaMixer2._announced = True
+            sh = self.hybridmeta_shape
+            log.info(
+                "hybridmeta MambaMixer2 serving (tp rank %d of %d: %d heads, %d groups)",
+                _tp_rank(), self.tp_size,
+                sh.heads, sh.groups,
+            )  # fmt: skip
         xbc, dt = torch.split(
             projected_states[..., self.tped_intermediate_size :],
             [self.tped_conv_size, self.tped_dt_size],

@@ -20,7 +20,8 @@ from importlib import import_module, metadata
 
 __all__ = ["ENABLE_ENV", "SUPPORTED_VLLM_VERSIONS", "check_vllm_version", "enabled", "register"]
 
-log = logging.getLogger("hybridmeta.integrations.vllm")
+#: Under vLLM's ``vllm`` logger, so its configured handler prints it in every process.
+log = logging.getLogger("vllm.hybridmeta")
 
 #: The environment variable that enables the plugin (``1``); anything else leaves vLLM as is.
 ENABLE_ENV = "HYBRIDMETA_VLLM"
