@@ -45,7 +45,7 @@ def test_single_token_pad_id_and_destinations(dtype: torch.dtype) -> None:
     assert y.shape == (3, H, P)
     for b in (0, 2):
         s = int(src[b])
-        sts, ref = ssm_row(orig[s], inp["x"][b], inp["dt"][b], inp["B"][b], inp["C"][b], lay,
+        _, ref = ssm_row(orig[s], inp["x"][b], inp["dt"][b], inp["B"][b], inp["C"][b], lay,
                            inp["z"][b])  # fmt: skip
         close(y[b], ref[0], f"out[{b}]")
     close(state[5], ssm_row(orig[2], inp["x"][0], inp["dt"][0], inp["B"][0], inp["C"][0], lay)[0][0],
@@ -137,3 +137,23 @@ def test_unsupported_features_raise_naming_them() -> None:
     with pytest.raises(ValueError, match="Unknown algorithm"):
         FI.selective_state_update(*args, algorithm="fast")
     assert bool((state == 0).all())
+
+
+def test_multi_token_one_destination_column_keeps_the_last_state() -> None:
+    """1-D dst_state_batch_indices in a multi-token call: every token writes the row's one
+    destination; the last token's state stays (FlashInfer's stride-0 token index)."""
+    lay = layer(56)
+    T = 3
+    state = torch.randn(6, H, P, N)
+    orig = state.clone()
+    inp = _inputs(2, T, torch.float32, 57)
+    FI.selective_state_update(
+        state, inp["x"], expand_dt(inp["dt"]), lay.A3(), inp["B"], inp["C"], lay.D2(),
+        dt_bias=lay.bias2(), dt_softplus=True, state_batch_indices=torch.tensor([0, 1]),
+        dst_state_batch_indices=torch.tensor([4, 5]),
+    )  # fmt: skip
+    for b, (s, d) in enumerate(((0, 4), (1, 5))):
+        sts, _ = ssm_row(orig[s], inp["x"][b], inp["dt"][b], inp["B"][b], inp["C"][b], lay)
+        close(state[d], sts[-1], f"row {b} -> slot {d}")
+    for s in (0, 1, 2, 3):
+        same_bits(state[s], orig[s], f"slot {s}")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -141,7 +143,7 @@ def test_conv_update_verify_windows_and_tree(dtype: torch.dtype, tree: bool) -> 
     idx = torch.tensor([1, -1, 4], dtype=torch.int32)
     entries = torch.tensor([2, 1, 0], dtype=torch.int32)
     win_buf = torch.full((3, T, CONV_DIM, K - 1), 5.0, dtype=dtype)
-    kw: dict[str, torch.Tensor] = {}
+    kw: dict[str, Any] = {}
     parents_of = [None, None, None]
     if tree:
         # row tree: 0 -> {1, 3}, 1 -> {2}: next_token (first child), next_sibling

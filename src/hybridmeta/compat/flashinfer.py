@@ -139,12 +139,11 @@ def selective_state_update(
     token_dst = final_dst = None
     if not disable_state_update:
         if dsbi is not None:
-            if multi:
-                token_dst = dsbi if dsbi.shape[1] > 1 else dsbi.expand(N, T)
-                if token_dst.shape[1] < T:
+            if multi and dsbi.shape[1] > 1:
+                if dsbi.shape[1] < T:
                     raise ValueError(f"{op}: `dst_state_batch_indices` needs >= {T} columns")
-                token_dst = token_dst[:, :T]
-            else:
+                token_dst = dsbi[:, :T]
+            else:  # one destination a row: every token writes it, the last one stays
                 final_dst = dsbi[:, 0]
         else:
             final_dst = src

@@ -173,7 +173,7 @@ def causal_conv1d_update(
     del metadata, validate_data
     act = activation_name(op, activation)
     x3 = x.unsqueeze(-1) if x.dim() == 2 else x  # [bs, dim, S]
-    bs, dim, S = x3.shape
+    bs, _, S = x3.shape
     K = weight.shape[1]
     if conv_state.dim() != 3 or conv_state.shape[2] < K - 1:
         raise ValueError(f"{op}: `conv_state` must be [slots, dim, state_len >= {K - 1}], got {list(conv_state.shape)}")
