@@ -339,12 +339,14 @@ def _scan_case(seed: int) -> dict[str, torch.Tensor]:
     }
 
 
+@pytest.mark.parametrize("with_init", [False, True])
 @pytest.mark.parametrize("intermediate", [False, True])
-def test_chunk_scan_varlen_against_the_recurrence(intermediate: bool) -> None:
+def test_chunk_scan_varlen_against_the_recurrence(intermediate: bool, with_init: bool) -> None:
     """Three sequences (6, 5, 3 tokens) from initial states, z gate, genuine D [H, P];
     with return_intermediate_states the state at the end of every chunk of
     cu_chunk_seqlens (chunks of <= 4 tokens that never straddle a sequence)."""
     c = _scan_case(8)
+    init = c["init"] if with_init else torch.zeros_like(c["init"])
     lay = layer(9)
     D2 = torch.randn(H, P)
     cu = torch.tensor([0, 6, 11, 14], dtype=torch.int32)
@@ -354,7 +356,7 @@ def test_chunk_scan_varlen_against_the_recurrence(intermediate: bool) -> None:
     out = torch.full((14, H, P), float("nan"))
     res = V.mamba_chunk_scan_combined_varlen(
         c["x"], c["dt"], lay.A, c["B"], c["C"], 4, cu, cu_chunk, last, seq_idx, out, D=D2,
-        z=c["z"], dt_bias=lay.dt_bias, initial_states=c["init"], dt_softplus=True,
+        z=c["z"], dt_bias=lay.dt_bias, initial_states=init if with_init else None, dt_softplus=True,
         return_intermediate_states=intermediate, state_dtype=torch.float32,
     )  # fmt: skip
     per_head = layer(9)
@@ -362,7 +364,7 @@ def test_chunk_scan_varlen_against_the_recurrence(intermediate: bool) -> None:
     for b in range(3):
         a, e = bounds[b], bounds[b + 1]
         no_d = type(per_head)(A=per_head.A, D=torch.zeros(H), dt_bias=per_head.dt_bias)
-        sts, y = ssm_row(c["init"][b], c["x"][a:e], c["dt"][a:e], c["B"][a:e], c["C"][a:e], no_d)
+        sts, y = ssm_row(init[b], c["x"][a:e], c["dt"][a:e], c["B"][a:e], c["C"][a:e], no_d)
         y = (y + D2[None] * c["x"][a:e]) * torch.nn.functional.silu(c["z"][a:e])
         close(out[a:e], y, f"out of sequence {b}")
         if not intermediate:
@@ -371,7 +373,7 @@ def test_chunk_scan_varlen_against_the_recurrence(intermediate: bool) -> None:
         assert res.shape == (5, H, P, N)
         for ch, (a, e) in enumerate(zip(cu_chunk.tolist()[:-1], cu_chunk.tolist()[1:], strict=True)):
             b = int(seq_idx[ch])
-            sts, _ = ssm_row(c["init"][b], c["x"][bounds[b] : e], c["dt"][bounds[b] : e],
+            sts, _ = ssm_row(init[b], c["x"][bounds[b] : e], c["dt"][bounds[b] : e],
                              c["B"][bounds[b] : e], c["C"][bounds[b] : e], per_head)  # fmt: skip
             close(res[ch], sts[-1], f"state after chunk {ch} [{a}, {e})")
 
@@ -424,3 +426,18 @@ def test_triton_subset_matches_the_reference_path() -> None:
         results.append((state, out, conv, yc))
     for a, b, what in zip(results[0], results[1], ("state", "out", "conv", "conv out"), strict=True):
         close(b, a, what)
+
+
+def test_conv_update_varlen_without_accepted_counts_shifts_by_each_length() -> None:
+    w, bias = _conv_weights(4)
+    state = torch.randn(5, CONV_DIM, K - 1)
+    orig = state.clone()
+    qsl = torch.tensor([0, 2, 3], dtype=torch.int32)
+    x = torch.randn(3, CONV_DIM)
+    out = V.causal_conv1d_update(x.clone(), state, w, bias, "silu", torch.tensor([4, 1]),
+                                 query_start_loc=qsl, max_query_len=2)  # fmt: skip
+    for b, s in enumerate((4, 1)):
+        a, e = int(qsl[b]), int(qsl[b + 1])
+        y, wins = conv_row(orig[s], x[a:e], w, bias)
+        close(out[a:e], y, f"out of row {b}")
+        close(state[s], wins[-1], f"state[{s}] shifted by {e - a}")

@@ -132,11 +132,10 @@ def varlen_pad(t: torch.Tensor, starts: torch.Tensor, T: int) -> torch.Tensor:
     return t[pos.clamp(max=total - 1)]
 
 
-def varlen_unpad_(
-    out: torch.Tensor, padded: torch.Tensor, cu: torch.Tensor, lens: torch.Tensor
-) -> None:
-    """``out[cu[b] + j] = padded[b, j]`` for ``j < lens[b]``; other tokens of ``out`` keep
-    their values. One gather and one select over ``out`` (no duplicates, no host read)."""
+def varlen_unpad_(out: torch.Tensor, padded: torch.Tensor, cu: torch.Tensor) -> None:
+    """``out[cu[b] + j] = padded[b, j]`` for the tokens ``cu[b] <= cu[b] + j < cu[b + 1]``
+    with ``j < T``; other tokens of ``out`` keep their values. One gather and one select over
+    ``out`` (no duplicates, no host read)."""
     total = out.shape[0]
     N, T = padded.shape[:2]
     if total == 0 or N == 0:
@@ -146,7 +145,7 @@ def varlen_unpad_(
     row = torch.searchsorted(cu[1:].long().contiguous(), tok, right=True)
     row_c = row.clamp(max=N - 1)
     j = tok - starts[row_c]
-    ok = (row < N) & (j >= 0) & (j < lens.long()[row_c]) & (j < T)
+    ok = (row < N) & (j >= 0) & (j < T)
     got = padded[row_c, j.clamp(0, T - 1)]
     out.copy_(torch.where(ok.view(total, *([1] * (out.dim() - 1))), got.to(out.dtype), out))
 

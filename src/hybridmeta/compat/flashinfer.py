@@ -176,5 +176,5 @@ def selective_state_update(
         src=src, lens=lens, token_dst=token_dst, final_dst=final_dst, buffer=buf,
         buffer_rows=rows, out=yp,
     )  # fmt: skip
-    varlen_unpad_(out4, yp, cu, lens)
+    varlen_unpad_(out4, yp, cu)
     return output

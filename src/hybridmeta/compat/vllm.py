@@ -203,7 +203,7 @@ def selective_state_update(
         final = src if dst_ours is None else dst_ours[:, 0]
         ssm_tokens(state, xp, dtp, A_h, Bp, Cp, D=D_h, z=zp, dt_bias=b_h, dt_softplus=dt_softplus,
                    src=src, lens=lens, final_dst=final, out=yp)  # fmt: skip
-    varlen_unpad_(out_v, yp, cu, lens)
+    varlen_unpad_(out_v, yp, cu)
 
 
 # --------------------------------------------------------------------------- conv update
@@ -296,7 +296,7 @@ def causal_conv1d_update(
     if query_start_loc is None:
         target.copy_((y3[:, 0] if x.dim() == 2 else y3.transpose(1, 2)).to(orig))
     else:
-        varlen_unpad_(target, y3, query_start_loc.long(), lens if lens is not None else y3.new_zeros(0))
+        varlen_unpad_(target, y3, query_start_loc.long())
     return target
 
 
