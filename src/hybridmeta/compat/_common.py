@@ -113,10 +113,11 @@ def write_rows_(
     vals = values.to(pool.dtype)
     wr = write.view(R, *([1] * (vals.dim() - 1)))
     any_w = write.any()
-    first = torch.argmax(write.to(torch.int8))
-    fill_idx = [torch.where(any_w, i[first], 0) for i in index]
+    # a 1-element index tensor, not a 0-d one: indexing with a 0-d tensor reads it on the host
+    first = torch.argmax(write.to(torch.int8)).view(1)
+    fill_idx = [torch.where(any_w, i.index_select(0, first)[0], 0) for i in index]
     zero = tuple(0 for _ in index)
-    fill_val = torch.where(any_w, vals[first], pool[zero])
+    fill_val = torch.where(any_w, vals.index_select(0, first)[0], pool[zero])
     tgt = tuple(torch.where(write, i.long(), f) for i, f in zip(index, fill_idx, strict=True))
     pool.index_put_(tgt, torch.where(wr, vals, fill_val))
 
