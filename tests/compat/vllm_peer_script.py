@@ -29,8 +29,7 @@ def main(src: str, dst: str) -> None:
     ms.selective_state_update(
         c["state"], c["x"], c["dt"], c["A"], c["B"], c["C"], D=c["D"], z=c["z"],
         dt_bias=c["dt_bias"], dt_softplus=True, state_batch_indices=c["sbi"],
-        dst_state_batch_indices=c["sbi"], out=out, num_accepted_tokens=c["na"],
-        cu_seqlens=c["cu"],
+        dst_state_batch_indices=c["dst"], out=out,
     )  # fmt: skip
     res["ssu"] = {"state": c["state"], "out": out}
     c = cases["conv_update"]
