@@ -190,3 +190,39 @@ def test_conv_update_accepted_tokens_and_unsupported() -> None:
         close(state[s], torch.cat([win[:, 1:], x[b]], dim=1), f"state {s}")
     with pytest.raises(NotImplementedError, match="cache_seqlens"):
         S.causal_conv1d_update(x, state, w, bias, True, cache_seqlens=torch.tensor([1, 1]))
+
+
+@pytest.mark.interpreter
+def test_triton_subset_tree_verify_matches_the_reference_path() -> None:
+    """A tree verify (conv windows + SSM buffer) under the Triton interpreter gives what the
+    reference path gives (tiny sizes)."""
+    from hybridmeta import kernels as Kops
+
+    lay = layer(90)
+    T = 3
+    inp = _inputs(2, T, torch.float32, 91)
+    w, bias = _w(92)
+    xc = torch.randn(2, CONV_DIM, T, generator=torch.Generator().manual_seed(93))
+    nxt, sib = torch.tensor([[1, -1, -1], [1, 2, -1]]), torch.tensor([[-1, 2, -1], [-1, -1, -1]])
+    idx = torch.tensor([3, -1], dtype=torch.int32)
+    results = []
+    for impl in ("reference", "triton"):
+        state = torch.randn(5, H, P, N, generator=torch.Generator().manual_seed(94))
+        conv = torch.randn(5, CONV_DIM, K - 1, generator=torch.Generator().manual_seed(95))
+        buf, win = torch.zeros(2, T, H, P, N), torch.zeros(2, T, CONV_DIM, K - 1)
+        rpt = torch.zeros(2, T, dtype=torch.long)
+        out = torch.empty(2, T, H, P)
+        rows = torch.arange(2, dtype=torch.int32)
+        with Kops.implementation(impl):
+            y = S.causal_conv1d_update(xc, conv, w, bias, "silu", conv_state_indices=idx,
+                                       intermediate_conv_window=win,
+                                       intermediate_state_indices=rows, retrieve_next_token=nxt,
+                                       retrieve_next_sibling=sib, retrieve_parent_token=rpt)  # fmt: skip
+            S.selective_state_update(state, inp["x"], expand_dt(inp["dt"]), lay.A3(), inp["B"],
+                                     inp["C"], lay.D2(), dt_bias=lay.bias2(), dt_softplus=True,
+                                     state_batch_indices=idx, out=out,
+                                     intermediate_states_buffer=buf, cache_steps=T,
+                                     retrieve_parent_token=rpt, intermediate_state_indices=rows)  # fmt: skip
+        results.append((y, conv, win, state, buf, out))
+    for i, (a, b) in enumerate(zip(results[0], results[1], strict=True)):
+        close(b, a, f"tensor {i}")
