@@ -95,7 +95,7 @@ def selective_state_update(
     is_mtp = cache_steps >= 1 and not is_varlen
     if state.dim() == 3:
         state = state.unsqueeze(1)
-    output = torch.empty_like(x) if out is None else out
+    output = torch.zeros_like(x) if out is None else out  # tokens of no sequence: 0
 
     def shape(t: torch.Tensor) -> torch.Tensor:
         if is_varlen:

@@ -160,14 +160,12 @@ def selective_state_update(
     if out_v.shape != x.shape:
         raise ValueError(f"{op}: `out` must have the shape of `x` {list(x.shape)}, got {list(out.shape)}")
     if sbi is None:
-        src_raw = torch.arange(N, device=dev)
-        src = src_raw
+        src = torch.arange(N, device=dev)
     else:
         init = torch.zeros(N, dtype=torch.long, device=dev)
         if num_accepted_tokens is not None:
             init = (num_accepted_tokens.long() - 1).clamp(min=0)
-        src_raw = sbi[:N].gather(1, init[:, None])[:, 0]
-        src = to_our_pad(src_raw, null_block_id)
+        src = to_our_pad(sbi[:N].gather(1, init[:, None])[:, 0], null_block_id)
     dst_all = (dsbi if dsbi is not None else sbi)
     dst_ours = None if dst_all is None else to_our_pad(dst_all[:N], null_block_id)
     if cu_seqlens is None:  # one token per row: the decode op with source and destination
@@ -453,7 +451,7 @@ def mamba_chunk_scan_combined_varlen(
     if initial_states is not None and nb:
         pool[:nb].copy_(initial_states.float())
     cu = cu_seqlens.tolist()
-    y = torch.empty(T, H, P, dtype=x.dtype, device=x.device)
+    y = torch.zeros(T, H, P, dtype=x.dtype, device=x.device)  # tokens of no chunk: 0
     if not return_intermediate_states:
         segments = [[(b, cu[b], cu[b + 1]) for b in range(nb) if cu[b + 1] > cu[b]]]
     else:
