@@ -46,6 +46,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(autouse=True)
+def _clean_kernel_error_record() -> None:
+    """Every test starts with clean kernel error records: a fault an earlier test left on
+    purpose (an invalid id in a stale buffer) is not a later test's."""
+    from hybridmeta.kernels import reset_errors
+
+    reset_errors()
+
+
+@pytest.fixture(autouse=True)
 def _seeded_torch_rng() -> None:
     """Every test starts from the same torch RNG state (CPU and CUDA), so a draw without an
     explicit generator gives the same data on every run and a failure reproduces."""

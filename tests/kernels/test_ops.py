@@ -358,7 +358,7 @@ def test_each_launch_is_one_dispatched_op() -> None:
         for arg in schema.arguments
         if arg.alias_info is not None and arg.alias_info.is_write
     }
-    assert mutated == {"state", "out"}
+    assert mutated == {"state", "out", "errors"}
 
 
 def test_metadata_entries_use_slots_and_track_fields() -> None:

@@ -16,6 +16,13 @@ verify: :mod:`~hybridmeta.kernels.ssm_verify`, :mod:`~hybridmeta.kernels.conv_ve
 :mod:`~hybridmeta.kernels.rms_norm`; the MLP's activation:
 :mod:`~hybridmeta.kernels.activations`; one-row projections: :mod:`~hybridmeta.kernels.linear`. The shared math is :mod:`~hybridmeta.kernels._math`.
 
+Slot ids: every op that takes them has ``pad_slot_id`` (default ``-1``; the
+``*_from_metadata`` entries take the metadata's declared null slot). An id that is neither
+the pad id nor a valid slot is handled on the device (the row writes nothing, its output
+is NaN) and recorded in the device's error record, which :func:`check_errors` /
+:func:`raise_if_faulted` read at a sync point (``docs/kernels.md``, "Pad ids, invalid ids
+and the error record").
+
 On a machine without CUDA the Triton kernels run under the Triton interpreter: importing
 ``hybridmeta`` sets ``TRITON_INTERPRET=1`` (unless already set) before any kernel is
 decorated.
@@ -24,6 +31,14 @@ decorated.
 from __future__ import annotations
 
 from hybridmeta.kernels._dispatch import Impl, implementation
+from hybridmeta.kernels._errors import (
+    KernelFault,
+    SlotIndexError,
+    check_errors,
+    error_record,
+    raise_if_faulted,
+    reset_errors,
+)
 from hybridmeta.kernels._math import SSMParams, split_xbc
 from hybridmeta.kernels.activations import relu_square, relu_square_reference
 from hybridmeta.kernels.attention_decode import (
@@ -83,19 +98,23 @@ from hybridmeta.kernels.track_save import (
 __all__ = [
     "ConvPrefillOutput",
     "Impl",
+    "KernelFault",
     "SSDScanOutput",
     "SSMParams",
+    "SlotIndexError",
     "add_rms_norm",
     "add_rms_norm_reference",
     "causal_conv1d_prefill",
     "causal_conv1d_update",
     "causal_conv1d_update_from_metadata",
     "causal_conv1d_update_reference",
+    "check_errors",
     "conv_verify_update",
     "conv_verify_update_from_metadata",
     "conv_verify_update_reference",
     "decode_attention",
     "decode_attention_reference",
+    "error_record",
     "extend_track_save",
     "gated_rms_norm",
     "gated_rms_norm_reference",
@@ -104,8 +123,10 @@ __all__ = [
     "kv_cache_write_reference",
     "linear",
     "linear_reference",
+    "raise_if_faulted",
     "relu_square",
     "relu_square_reference",
+    "reset_errors",
     "rms_norm",
     "rms_norm_reference",
     "spec_commit",

@@ -24,6 +24,7 @@ __all__ = [
     "SSMParams",
     "conv_step",
     "discretize",
+    "index_copy_rows_",
     "process_dt",
     "scatter_rows_",
     "split_xbc",
@@ -193,7 +194,7 @@ def scatter_rows_(
 ) -> None:
     """``pool.select(dim, index[r]) = values[r]`` for the rows ``r`` where ``write``.
 
-    Rows that do not write (pad rows, slot ``-1``) leave the pool untouched, with fixed
+    Rows that do not write (pad rows, invalid ids: ``write`` false) leave the pool untouched, with fixed
     shapes and no device-to-host read, so the references capture into CUDA graphs (and the
     CPU emulation) like the kernels. Written slots must be distinct (the ops' contract);
     each slot takes its value from the one row that writes it.
@@ -210,14 +211,39 @@ def scatter_rows_(
         ``[R]`` bool.
     """
     slots = pool.shape[dim]
+    if slots == 0 or values.shape[0] == 0:
+        return
     rows = torch.arange(index.shape[0], device=index.device)
     target = torch.where(write, index, 0).long()
     # For each slot, the row that writes it (-1: none). amax: deterministic.
     who = torch.full((slots,), -1, dtype=torch.long, device=index.device)
     who.scatter_reduce_(0, target, torch.where(write, rows, -1), reduce="amax")
     view = pool.movedim(dim, 0)  # [slots, ...], a view of the pool
-    if values.shape[0] == 0:
-        return
     gathered = values.index_select(0, who.clamp(min=0)).to(pool.dtype)  # [slots, ...]
     hit = (who >= 0).view(slots, *([1] * (view.dim() - 1)))
     view.copy_(torch.where(hit, gathered, view))
+
+
+def index_copy_rows_(
+    pool: torch.Tensor, index: torch.Tensor, values: torch.Tensor, write: torch.Tensor
+) -> None:
+    """``pool[index[r]] = values[r]`` (along dim 0) for the rows ``r`` where ``write``, with
+    one ``index_copy_`` and no device-to-host read.
+
+    A row that does not write (an invalid or pad slot, whose index may lie anywhere) copies
+    the first writing row's value into that row's slot instead (or, when no row writes,
+    slot 0's own value into slot 0): duplicate targets carry identical bytes, so the result
+    is exact whatever order the copies land in, and only the writing rows' slots change.
+    Unlike :func:`scatter_rows_` the pool is not rewritten whole (the prefill ops' state
+    writes, on the GPU too). Written slots must be distinct (the ops' contract).
+    """
+    if pool.shape[0] == 0 or index.shape[0] == 0:
+        return
+    idx = index.long()
+    first = write.int().argmax()  # the first writing row (0 when none writes)
+    any_w = write.any()
+    tgt = torch.where(write, idx, torch.where(any_w, idx[first], 0))
+    v = values.to(pool.dtype)
+    fill = torch.where(any_w, v[first], pool[0])
+    v = torch.where(write.view(-1, *([1] * (v.dim() - 1))), v, fill)
+    pool.index_copy_(0, tgt, v)

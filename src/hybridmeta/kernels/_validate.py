@@ -7,10 +7,14 @@ the rule that failed.
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Collection, Sequence
 
 import torch
 
+from hybridmeta.core import conventions_of
+from hybridmeta.kernels._errors import MAX_ROWS, fault_keys
 from hybridmeta.model import Mamba2Metadata
 
 FLOAT_DTYPES: frozenset[torch.dtype] = frozenset({torch.float32, torch.bfloat16, torch.float16})
@@ -58,7 +62,8 @@ def check_tensor(
 
 
 def check_pool(op: str, name: str, t: object, *, dims: str) -> torch.Tensor:
-    """Check a state pool: a tensor with one axis per name in ``dims``, of a state dtype.
+    """Check a state pool: a tensor with one axis per name in ``dims``, of a state dtype,
+    whose elements do not alias (:func:`check_no_alias`).
 
     The pool is checked first; its device is the one every other argument must share.
     """
@@ -68,7 +73,20 @@ def check_pool(op: str, name: str, t: object, *, dims: str) -> torch.Tensor:
         raise ValueError(f"{op}: `{name}` must have shape {dims}, got {list(t.shape)}")
     if t.dtype not in STATE_DTYPES:
         raise TypeError(f"{op}: `{name}` must have dtype {_names(STATE_DTYPES)}, got {t.dtype}")
+    check_no_alias(op, name, t)
     return t
+
+
+def check_slots(op: str, name: str, slots: int) -> None:
+    """A pool's slot count must fit int32 (the kernels compare ids with it as an int32)."""
+    if slots > PAD_MAX:
+        raise ValueError(f"{op}: `{name}` has {slots} slots, more than 2**31 - 1")
+
+
+def check_rows(op: str, bs: int) -> None:
+    """An op's rows must fit the error record's row field (``2**27``)."""
+    if bs >= MAX_ROWS:
+        raise ValueError(f"{op}: bs={bs} rows is more than one call takes (< {MAX_ROWS})")
 
 
 def check_optional(
@@ -88,7 +106,13 @@ def check_optional(
 
 
 def check_dt_limit(op: str, dt_limit: object) -> tuple[float, float]:
-    """``dt_limit``: ``None`` (no clamp) or ``(lo, hi)``, two real numbers, ``lo <= hi``."""
+    """``dt_limit``: ``None`` (no clamp) or ``(lo, hi)``, two real numbers with a finite
+    ``lo >= 0`` and ``lo <= hi`` (``hi`` may be ``inf``).
+
+    A discretised ``dt`` is a softplus, never negative, so a negative ``lo`` is a mistake
+    (a sign or a log-space value); ``lo = inf`` would turn every decay into ``exp(-inf)``
+    and every input into ``inf * x``: NaN in the pool.
+    """
     if dt_limit is None:
         return NO_DT_LIMIT
     if (
@@ -100,6 +124,11 @@ def check_dt_limit(op: str, dt_limit: object) -> tuple[float, float]:
             f"{op}: `dt_limit` must be None or a pair (lo, hi) of real numbers, got {dt_limit!r}"
         )
     lo, hi = float(dt_limit[0]), float(dt_limit[1])
+    if not math.isfinite(lo) or lo < 0:
+        raise ValueError(
+            f"{op}: `dt_limit` must have a finite lo >= 0 (a discretised dt is never negative), "
+            f"got ({lo}, {hi})"
+        )
     if not lo <= hi:  # also refuses NaN
         raise ValueError(f"{op}: `dt_limit` must have lo <= hi (and no NaN), got ({lo}, {hi})")
     return lo, hi
@@ -117,15 +146,87 @@ def check_slot_contiguous(op: str, name: str, t: torch.Tensor, lead: int) -> Non
         expected *= size
 
 
-def check_index_range(op: str, name: str, idx: torch.Tensor, slots: int) -> None:
-    """Debug-mode check (syncs): every index is ``-1`` or a slot in ``[0, slots)``."""
-    bad = (idx < -1) | (idx >= slots)
+#: The least and greatest pad id (the kernels take it as an int32).
+PAD_MIN, PAD_MAX = -(1 << 31), (1 << 31) - 1
+
+
+def check_pad_slot_id(op: str, pad: object) -> int:
+    """``pad_slot_id``: a plain ``int`` in int32 (``-1`` ours and sglang's, ``0`` vLLM's)."""
+    if type(pad) is not int or not PAD_MIN <= pad <= PAD_MAX:
+        raise ValueError(
+            f"{op}: `pad_slot_id` must be an int in int32 (-1, or a reserved null slot such as "
+            f"vLLM's 0), got {pad!r}"
+        )
+    return pad
+
+
+def _non_overlapping(shape: Sequence[int], strides: Sequence[int]) -> bool:
+    # Insertion sort by stride with plain comparisons (Dynamo cannot trace sorted() over
+    # symbolic strides; comparisons just guard).
+    dims: list[tuple[int, int]] = []
+    for n, st in zip(shape, strides, strict=True):
+        if n > 1:
+            i = len(dims)
+            while i > 0 and dims[i - 1][0] > st:
+                i -= 1
+            dims.insert(i, (st, n))
+    extent = 1  # elements spanned by the dims so far, plus one
+    for st, n in dims:
+        if st < extent:
+            return False
+        extent += (n - 1) * st
+    return True
+
+
+#: Whether no two elements of a tensor of this shape and strides share memory: dims of size
+#: 1 do not matter; sorted by stride, each dim's stride must reach past the extent of the
+#: dims below it (so a stride-0 / expanded dim of size > 1, or a slot stride smaller than
+#: one slot's extent, overlaps). Cached (a pool's layout repeats every call; torch.Size and
+#: stride tuples hash as they are); under Dynamo the function itself is traced.
+non_overlapping = functools.lru_cache(maxsize=1024)(_non_overlapping)
+
+
+def check_no_alias(op: str, name: str, t: torch.Tensor) -> None:
+    """Refuse state storage whose elements alias (two slots, or two cells, one address)."""
+    if not non_overlapping(t.shape, t.stride()):
+        raise ValueError(
+            f"{op}: `{name}` must not alias itself (no stride-0 / expanded dim, each slot's "
+            f"stride at least one slot's extent), got shape {list(t.shape)} strides "
+            f"{list(t.stride())}; pass a real buffer (e.g. `.contiguous()`)"
+        )
+
+
+def check_index_range(
+    op: str, name: str, idx: torch.Tensor, slots: int, pad_slot_id: int = -1
+) -> None:
+    """Debug-mode check (syncs): every index is the pad id or a slot in ``[0, slots)``."""
+    bad = (idx != pad_slot_id) & ((idx < 0) | (idx >= slots))
     if bool(bad.any()):
         first = int(bad.nonzero()[0, 0])
         raise ValueError(
-            f"{op}: `{name}` values must be -1 (pad) or in [0, {slots}); row {first} holds "
-            f"{int(idx[first])}"
+            f"{op}: `{name}` values must be {pad_slot_id} (pad) or in [0, {slots}); row "
+            f"{first} holds {int(idx[first])}"
         )
+
+
+def slot_kinds(
+    idx: torch.Tensor, slots: int, pad_slot_id: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(pad, valid)`` ``[bs]`` masks: ``idx == pad_slot_id``; ``0 <= idx < slots`` and not
+    the pad id. A row that is neither holds an invalid id."""
+    pad = idx == pad_slot_id
+    valid = (idx >= 0) & (idx < slots) & ~pad
+    return pad, valid
+
+
+def prefill_slot_faults(
+    slots: int, pad: int, idx: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A prefill's working slots judged (no sync): ``(keys, read, write)``, the per-row
+    fault keys and the rows that may read an initial state / write their final state (a
+    valid slot: not the pad id, not invalid)."""
+    pad_rows, ok = slot_kinds(idx, slots, pad)
+    return fault_keys([(~pad_rows & ~ok, 0, idx)]), ok, ok
 
 
 def check_disjoint_writes(
@@ -135,13 +236,15 @@ def check_disjoint_writes(
 ) -> None:
     """Debug-mode check (syncs): no two rows write one slot; no row writes a slot another reads.
 
-    ``writes`` and ``reads`` are ``(name, slots, active)`` triples, one slot per row.
-    A row may write the slot it reads itself (an in-place update).
+    ``writes`` and ``reads`` are ``(name, slots, active)`` triples, one slot per row;
+    ``active`` marks the rows that really write (read) their slot (valid ids only: pad rows,
+    "none" entries and unflagged rows are not active). A row may write the slot it reads
+    itself (an in-place update).
     """
     owner: dict[int, tuple[str, int]] = {}
     for name, slots, active in writes:
         for row, (slot, on) in enumerate(zip(slots.tolist(), active.tolist(), strict=True)):
-            if not on or slot < 0:
+            if not on:
                 continue
             if slot in owner:
                 prev_name, prev_row = owner[slot]
@@ -160,6 +263,12 @@ def check_disjoint_writes(
                 f"{op}: slot {slot} is read by `{rname}` of row {row} and written by "
                 f"`{wname}` of row {wrow}; a row may not write a slot another row reads"
             )
+
+
+def pad_slot_of(md: object) -> int:
+    """The pad id of the metadata's slot fields: its declared null slot
+    (:func:`hybridmeta.core.conventions_of`)."""
+    return conventions_of(md).null_slot
 
 
 def decode_rows(op: str, md: Mamba2Metadata, bs: int) -> slice:

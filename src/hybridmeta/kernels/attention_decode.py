@@ -50,12 +50,22 @@ import triton.language as tl
 from hybridmeta.debug import is_debug
 from hybridmeta.kernels._config import TL_DTYPE, cdiv, pow2_ceil
 from hybridmeta.kernels._dispatch import Impl, _interpreting, no_output_fake, observed, resolve
+from hybridmeta.kernels._errors import (
+    NO_FAULT,
+    TAG,
+    SlotIndexError,
+    fault_keys,
+    record_,
+    record_for,
+    report,
+)
 from hybridmeta.kernels._launch import DirectLauncher
 from hybridmeta.kernels._validate import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
     check_index_range,
     check_pool,
+    check_rows,
     check_tensor,
 )
 
@@ -67,6 +77,33 @@ __all__ = [
 ]
 
 _CACHE_DIMS = "[slots + 1, max_len, kv_heads, head_dim]"
+_WRITE_TAG: tl.constexpr = tl.constexpr(TAG["kv_cache_write"])
+_ATTN_TAG: tl.constexpr = tl.constexpr(TAG["decode_attention"])
+
+
+@triton.jit  # type: ignore[arg-type]  # a helper returning values; the stub types kernels
+def _token_check(
+    i_b: tl.tensor,
+    slot: tl.tensor,
+    pos: tl.tensor,
+    err_ptr: tl.tensor,
+    n_slots: tl.tensor,
+    max_len: tl.tensor,
+    REPORT: tl.tensor,
+    TAG_: tl.constexpr,
+) -> tuple[tl.tensor, tl.tensor]:
+    """``(live, bad)`` of one token: its row's slot in ``[0, n_slots)`` and its position in
+    ``[0, max_len)``; ``bad``: neither a pad row (slot ``-1``) nor that (recorded when
+    ``REPORT``)."""
+    slot_ok = (slot >= 0) & (slot < n_slots)
+    pos_ok = (pos >= 0) & (pos < max_len)
+    bad = ((slot != -1) & (slot_ok == 0)) | (slot_ok & (pos_ok == 0))
+    if bad & REPORT:
+        report(
+            err_ptr, TAG_, i_b, tl.where(slot_ok, 1, 0), tl.where(slot_ok, pos, slot), -1,
+            tl.where(slot_ok, max_len, n_slots),
+        )  # fmt: skip
+    return slot_ok & pos_ok, bad
 
 
 # --------------------------------------------------------------------------- kernels
@@ -74,7 +111,7 @@ _CACHE_DIMS = "[slots + 1, max_len, kv_heads, head_dim]"
 
 # T and the positions' row stride (T when dense) are runtime values: a new draft length
 # must not compile a new variant (Triton specialises integers equal to 1).
-@triton.jit(do_not_specialize=["T", "stride_p_b"])
+@triton.jit(do_not_specialize=["T", "stride_p_b", "n_slots", "max_len"])
 def _kv_cache_write_kernel(
     k_ptr: tl.tensor,
     v_ptr: tl.tensor,
@@ -82,7 +119,10 @@ def _kv_cache_write_kernel(
     vc_ptr: tl.tensor,
     slot_ptr: tl.tensor,
     pos_ptr: tl.tensor,
+    err_ptr: tl.tensor,
     T: tl.tensor,
+    n_slots: tl.tensor,
+    max_len: tl.tensor,
     kv_heads: tl.tensor,
     stride_k_b: tl.tensor,
     stride_k_t: tl.tensor,
@@ -114,9 +154,11 @@ def _kv_cache_write_kernel(
     pos = tl.load(pos_ptr + i_b * stride_p_b + i_t * stride_p_t).to(tl.int64)
     o_h = i_hb * BLOCK_H + tl.arange(0, BLOCK_H)  # [H] KV heads of this program
     o_d = tl.arange(0, BLOCK_D)  # [D]
-    # A pad row: bound 0, so nothing is read or stored (not even the scratch row). The
-    # row predicate enters the mask as a bound on the offsets (interpreter notes).
-    lim_h = tl.where(slot >= 0, kv_heads, 0)
+    # A pad row, or a slot / position outside the caches (recorded): bound 0, so nothing
+    # is read or stored (not even the scratch row). The row predicate enters the mask as a
+    # bound on the offsets (interpreter notes).
+    live, _bad = _token_check(i_b, slot, pos, err_ptr, n_slots, max_len, i_hb == 0, _WRITE_TAG)
+    lim_h = tl.where(live, kv_heads, 0)
     m = (o_h < lim_h)[:, None] & (o_d < HEAD_DIM)[None, :]  # [H, D]
     b_k = tl.load(
         k_ptr
@@ -154,7 +196,7 @@ def _kv_cache_write_kernel(
     )
 
 
-@triton.jit(do_not_specialize=["T", "stride_p_b", "split_keys"])
+@triton.jit(do_not_specialize=["T", "stride_p_b", "split_keys", "n_slots", "max_len"])
 def _decode_attention_kernel(
     q_ptr: tl.tensor,
     kc_ptr: tl.tensor,
@@ -164,7 +206,10 @@ def _decode_attention_kernel(
     out_ptr: tl.tensor,
     part_o_ptr: tl.tensor,
     part_ml_ptr: tl.tensor,
+    err_ptr: tl.tensor,
     T: tl.tensor,
+    n_slots: tl.tensor,
+    max_len: tl.tensor,
     scale: tl.tensor,
     split_keys: tl.tensor,
     stride_q_b: tl.tensor,
@@ -198,8 +243,13 @@ def _decode_attention_kernel(
     i_t = i_bt - i_b * T
     slot = tl.load(slot_ptr + i_b).to(tl.int64)
     pos = tl.load(pos_ptr + i_b * stride_p_b + i_t * stride_p_t).to(tl.int64)
-    # Keys 0 .. pos of the slot; a pad row walks none (and reads no K/V).
-    n_keys = tl.where(slot >= 0, pos + 1, 0)
+    # Keys 0 .. pos of the slot; a pad row walks none (and reads no K/V), nor does a token
+    # whose slot or position lies outside the caches (its output is NaN, it is recorded).
+    report_here = i_h == 0
+    if SPLIT:
+        report_here = report_here & (tl.program_id(2) == 0)
+    live, bad = _token_check(i_b, slot, pos, err_ptr, n_slots, max_len, report_here, _ATTN_TAG)
+    n_keys = tl.where(live, pos + 1, 0)
     if SPLIT:
         # Flash-decoding: this program takes keys [k_lo, k_hi) of the token (split i_s of
         # a grid sized from the caches' max_len, so a split past the position walks none)
@@ -272,16 +322,17 @@ def _decode_attention_kernel(
         # partials: [B*T, KVH, splits, BLOCK_Q, BLOCK_D] (acc) and [.., 2, BLOCK_Q] (m, l);
         # a split without keys stores m = -inf, l = 0, acc = 0
         i_part = (i_bt * tl.num_programs(1) + i_h) * tl.num_programs(2) + i_s
+        # A bad token's partials are NaN: the combine's weighted sum keeps NaN.
         tl.store(
             part_o_ptr + i_part * (BLOCK_Q * BLOCK_D) + o_q[:, None] * BLOCK_D + o_d[None, :],
-            acc,
+            tl.where(bad, float("nan"), acc),
         )
         tl.store(part_ml_ptr + i_part * (2 * BLOCK_Q) + o_q, m_i)
         tl.store(part_ml_ptr + i_part * (2 * BLOCK_Q) + BLOCK_Q + o_q, l_i)
     else:
-        # A pad row: no key, l_i = 0 and acc = 0 -> zeros (defined output).
+        # A pad row: no key, l_i = 0 and acc = 0 -> zeros (defined output); a bad token NaN.
         l_safe = tl.where(l_i > 0.0, l_i, 1.0)
-        b_o = (acc / l_safe[:, None]).to(vc_ptr.dtype.element_ty)
+        b_o = tl.where(bad, float("nan"), acc / l_safe[:, None]).to(vc_ptr.dtype.element_ty)
         tl.store(
             out_ptr
             + i_b * stride_o_b
@@ -389,16 +440,23 @@ def launch_kv_cache_write(
     v_cache: torch.Tensor,
     slots: torch.Tensor,
     positions: torch.Tensor,
+    errors: torch.Tensor | None = None,
 ) -> None:
-    """Launch the KV write on validated tensors (no allocation, no checks, any strides)."""
+    """Launch the KV write on validated tensors (no allocation, no checks, any strides).
+
+    A token whose row's slot is neither ``-1`` nor in ``[0, S)``, or a live row's token
+    whose position lies outside ``[0, max_len)``, writes nothing and is recorded in
+    ``errors`` (default: the device's record)."""
     B, T, kv_heads, head_dim = k.shape
     if B == 0 or T == 0:
         return
+    err = errors if errors is not None else record_for(k_cache)
+    n_slots, max_len = k_cache.shape[0] - 1, k_cache.shape[1]
     block_h, block_d = _write_blocks(kv_heads, head_dim)
     strides = (*k.stride(), *v.stride(), *k_cache.stride(), *v_cache.stride(), *positions.stride())
     ptrs = (
         k.data_ptr(), v.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(),
-        positions.data_ptr(),
+        positions.data_ptr(), err.data_ptr(),
     )  # fmt: skip
     aligned = all(p & 15 == 0 for p in ptrs)
     dev = k_cache.get_device()
@@ -409,9 +467,10 @@ def launch_kv_cache_write(
     var = _WRITE_LAUNCHER.lookup(key, aligned)
     _WRITE_LAUNCHER.launch(
         var, (B * T, cdiv(kv_heads, block_h), 1), key, dev, aligned,
-        lambda: (*ptrs, T, kv_heads, *strides, head_dim, block_h, block_d),
+        lambda: (*ptrs, T, n_slots, max_len, kv_heads, *strides, head_dim, block_h, block_d),
         lambda g: _kv_cache_write_kernel[g](
-            k, v, k_cache, v_cache, slots, positions, T, kv_heads, *strides,
+            k, v, k_cache, v_cache, slots, positions, err, T, n_slots, max_len, kv_heads,
+            *strides,
             HEAD_DIM=head_dim, BLOCK_H=block_h, BLOCK_D=block_d, num_warps=4,
         ),
     )  # fmt: skip
@@ -428,17 +487,23 @@ def launch_decode_attention(
     *,
     block_n: int | None = None,
     splits: tuple[int, int] | None = None,
+    errors: torch.Tensor | None = None,
 ) -> None:
     """Launch the attention on validated tensors (no allocation, no checks, any strides).
 
     ``block_n``: keys per tile, a power of two >= 16 (default :func:`attention_block_n`).
     ``splits``: ``(splits, keys per split)`` of the keys axis (default
     :func:`attention_splits`; ``keys * splits >= max_len``, keys a multiple of ``block_n``).
+    A token whose row's slot is neither ``-1`` nor in ``[0, S)``, or a live row's token
+    whose position lies outside ``[0, max_len)``, reads nothing, gets NaN output and is
+    recorded in ``errors`` (default: the device's record).
     """
     B, T, heads, head_dim = q.shape
     kv_heads = k_cache.shape[2]
     if B == 0 or T == 0:
         return
+    err = errors if errors is not None else record_for(k_cache)
+    n_slots, max_len = k_cache.shape[0] - 1, k_cache.shape[1]
     group = heads // kv_heads
     bn = attention_block_n(head_dim) if block_n is None else block_n
     block_q = max(16, pow2_ceil(group))
@@ -467,7 +532,7 @@ def launch_decode_attention(
         part_ml = torch.empty(B * T * kv_heads * n_split * 2 * block_q, dtype=torch.float32,
                               device=q.device)  # fmt: skip
     all_ptrs = (*ptrs, None if part_o is None else part_o.data_ptr(),
-                None if part_ml is None else part_ml.data_ptr())  # fmt: skip
+                None if part_ml is None else part_ml.data_ptr(), err.data_ptr())  # fmt: skip
     aligned = all(p is None or p & 15 == 0 for p in all_ptrs)
     dev = q.get_device()
     key = (
@@ -477,11 +542,11 @@ def launch_decode_attention(
     var = _ATTN_LAUNCHER.lookup(key, aligned)
     _ATTN_LAUNCHER.launch(
         var, (B * T, kv_heads, n_split), key, dev, aligned,
-        lambda: (*all_ptrs, T, scale, split_keys, *strides, group, head_dim, dot_f32, block_q,
-                 bn, block_d, split),
+        lambda: (*all_ptrs, T, n_slots, max_len, scale, split_keys, *strides, group, head_dim,
+                 dot_f32, block_q, bn, block_d, split),
         lambda g: _decode_attention_kernel[g](
-            q, k_cache, v_cache, slots, positions, out, part_o, part_ml, T, scale, split_keys,
-            *strides, GROUP=group, HEAD_DIM=head_dim, DOT_F32=dot_f32, BLOCK_Q=block_q,
+            q, k_cache, v_cache, slots, positions, out, part_o, part_ml, err, T, n_slots,
+            max_len, scale, split_keys, *strides, GROUP=group, HEAD_DIM=head_dim, DOT_F32=dot_f32, BLOCK_Q=block_q,
             BLOCK_N=bn, BLOCK_D=block_d, SPLIT=split, num_warps=4,
         ),
     )  # fmt: skip
@@ -514,12 +579,15 @@ def _kv_cache_write_impl(
     v_cache: torch.Tensor,
     slots: torch.Tensor,
     positions: torch.Tensor,
+    errors: torch.Tensor,
 ) -> None:
-    launch_kv_cache_write(k, v, k_cache, v_cache, slots, positions)
+    launch_kv_cache_write(k, v, k_cache, v_cache, slots, positions, errors)
 
 
 _kv_cache_write_op = torch.library.custom_op(
-    "hybridmeta::kv_cache_write", _kv_cache_write_impl, mutates_args=("k_cache", "v_cache")
+    "hybridmeta::kv_cache_write",
+    _kv_cache_write_impl,
+    mutates_args=("k_cache", "v_cache", "errors"),
 )
 
 _kv_cache_write_op.register_fake(no_output_fake)
@@ -533,12 +601,13 @@ def _decode_attention_impl(
     positions: torch.Tensor,
     scale: float,
     out: torch.Tensor,
+    errors: torch.Tensor,
 ) -> None:
-    launch_decode_attention(q, k_cache, v_cache, slots, positions, scale, out)
+    launch_decode_attention(q, k_cache, v_cache, slots, positions, scale, out, errors=errors)
 
 
 _decode_attention_op = torch.library.custom_op(
-    "hybridmeta::decode_attention", _decode_attention_impl, mutates_args=("out",)
+    "hybridmeta::decode_attention", _decode_attention_impl, mutates_args=("out", "errors")
 )
 
 _decode_attention_op.register_fake(no_output_fake)
@@ -577,14 +646,22 @@ def _check_values(
 
     ``slots`` in ``[-1, S)``; each live row's positions in ``[0, M)``.
     """
-    check_index_range(op, "slots", slots, num_slots)
+    try:
+        check_index_range(op, "slots", slots, num_slots)
+    except ValueError as e:
+        row = int(((slots != -1) & ((slots < 0) | (slots >= num_slots))).nonzero()[0, 0])
+        raise SlotIndexError(
+            str(e), op=op, field="slots", row=row, value=int(slots[row])
+        ) from None
     bad = (slots >= 0)[:, None] & ((positions < 0) | (positions >= max_len))
     if bool(bad.any()):
         b, t = (int(i) for i in bad.nonzero()[0])
-        raise ValueError(
+        value = int(positions[b, t])
+        raise SlotIndexError(
             f"{op}: `positions` of a live row must be in [0, {max_len}) (the caches' max_len); "
-            f"row {b} token {t} holds {int(positions[b, t])}"
-        )
+            f"row {b} token {t} holds {value}",
+            op=op, field="positions", row=b, value=value,
+        )  # fmt: skip
 
 
 def _reads_values(t: torch.Tensor) -> bool:
@@ -644,14 +721,16 @@ def kv_cache_write(
     check_tensor(op, "v", v, shape=(B, T, kv_heads, head_dim), dtypes=FLOAT_DTYPES, device=dev,
                  dims="[batch, tokens, kv_heads, head_dim]")  # fmt: skip
     _check_rows(op, slots, positions, B, T, dev)
+    check_rows(op, B)
     which = resolve(op, impl, dev)
     if _reads_values(slots):
         _check_values(op, slots, positions, kc.shape[0] - 1, max_len)
+    errors = record_for(kc)
     if which == "reference":
-        kv_cache_write_reference(k, v, k_cache, v_cache, slots, positions)
+        kv_cache_write_reference(k, v, k_cache, v_cache, slots, positions, errors=errors)
         return
     run = torch.ops.hybridmeta.kv_cache_write if observed(k_cache) else _kv_cache_write_impl
-    run(k, v, k_cache, v_cache, slots, positions)
+    run(k, v, k_cache, v_cache, slots, positions, errors)
 
 
 def decode_attention(
@@ -727,11 +806,15 @@ def decode_attention(
     if out is not None:
         check_tensor(op, "out", out, shape=(B, T, heads * head_dim), dtypes=FLOAT_DTYPES,
                      device=dev, dims="[batch, tokens, heads * head_dim]")  # fmt: skip
+    check_rows(op, B)
     which = resolve(op, impl, dev)
     if _reads_values(slots):
         _check_values(op, slots, positions, kc.shape[0] - 1, max_len)
+    errors = record_for(kc)
     if which == "reference":
-        res = decode_attention_reference(q, k_cache, v_cache, slots, positions, float(scale))
+        res = decode_attention_reference(
+            q, k_cache, v_cache, slots, positions, float(scale), errors=errors
+        )
         if out is None:
             return res
         out.copy_(res)
@@ -739,7 +822,7 @@ def decode_attention(
     if out is None:
         out = torch.empty(B, T, heads * head_dim, dtype=q.dtype, device=dev)
     run = torch.ops.hybridmeta.decode_attention if observed(q) else _decode_attention_impl
-    run(q, k_cache, v_cache, slots, positions, float(scale), out)
+    run(q, k_cache, v_cache, slots, positions, float(scale), out, errors)
     return out
 
 
@@ -753,21 +836,47 @@ def kv_cache_write_reference(
     v_cache: torch.Tensor,
     slots: torch.Tensor,
     positions: torch.Tensor,
+    *,
+    errors: torch.Tensor | None = None,
 ) -> None:
     """The pure-torch KV write, in place: the runtime's ``index_put_`` for live rows.
 
-    Fixed shapes, no device-to-host read (capturable). A pad row's tokens are pointed at
-    cell ``[S, 0]`` of the scratch row with that cell's own value, so every cache cell
-    keeps its bits unless a live token writes it.
+    Fixed shapes, no device-to-host read (capturable). A pad row's tokens, and a token
+    whose slot or position lies outside the caches (recorded in ``errors``, default: the
+    device's record, as the kernel does), are pointed at cell ``[S, 0]`` of the scratch
+    row with that cell's own value, so every cache cell keeps its bits unless a live token
+    writes it.
     """
-    B, T = k.shape[:2]
     scratch = k_cache.shape[0] - 1
-    live = slots >= 0
-    token_slot = torch.where(live, slots.long(), scratch)[:, None].expand(B, T)
-    token_pos = torch.where(live[:, None], positions.long(), 0)
+    keys, live = attention_faults(slots, positions, scratch, k_cache.shape[1])
+    token_slot = torch.where(live, slots.long()[:, None], scratch)
+    token_pos = torch.where(live, positions.long(), 0)
     for cache, x in ((k_cache, k), (v_cache, v)):
-        values = torch.where(live[:, None, None, None], x.to(cache.dtype), cache[scratch, 0])
+        values = torch.where(live[:, :, None, None], x.to(cache.dtype), cache[scratch, 0])
         cache.index_put_((token_slot, token_pos), values)
+    record_(
+        errors if errors is not None else record_for(k_cache), "kv_cache_write", keys, -1,
+        (scratch, k_cache.shape[1]),
+    )  # fmt: skip
+
+
+def attention_faults(
+    slots: torch.Tensor, positions: torch.Tensor, num_slots: int, max_len: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(keys, live)``: per-row fault keys (the slot, else the row's first position outside
+    ``[0, max_len)``) and the ``[B, T]`` tokens that read / write the caches (no sync)."""
+    s = slots.long()
+    slot_ok = (s >= 0) & (s < num_slots)
+    pos = positions.long()
+    pos_ok = (pos >= 0) & (pos < max_len)  # [B, T]
+    bad_pos = slot_ok[:, None] & ~pos_ok
+    T = pos.shape[1]
+    first = torch.where(bad_pos, torch.arange(T, device=pos.device)[None, :], T).amin(1)
+    value = pos.gather(1, first.clamp(max=max(T - 1, 0))[:, None])[:, 0] if T else s
+    keys = fault_keys(
+        [((s != -1) & ~slot_ok, 0, s), (bad_pos.any(1) if T else slot_ok & ~slot_ok, 1, value)]
+    )
+    return keys, slot_ok[:, None] & pos_ok
 
 
 def decode_attention_reference(
@@ -777,8 +886,12 @@ def decode_attention_reference(
     slots: torch.Tensor,
     positions: torch.Tensor,
     scale: float,
+    *,
+    errors: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The runtime's torch decode attention, exactly, for live rows; zeros for pad rows.
+    """The runtime's torch decode attention, exactly, for live rows; zeros for pad rows;
+    NaN for a token whose slot or position lies outside the caches (recorded in ``errors``,
+    default: the device's record, as the kernel does).
 
     Returns a new ``[B, T, Hq * head_dim]`` tensor in the caches' dtype. One step is added
     to the runtime's code: the values past a row's last position are zeroed before the
@@ -790,8 +903,12 @@ def decode_attention_reference(
     max_len, kv_heads = k_cache.shape[1:3]
     if T == 0:
         return torch.zeros(B, T, heads * head_dim, dtype=q.dtype, device=q.device)
-    live = slots >= 0
-    safe = torch.where(live, slots.long(), 0)
+    keys_f, live_t = attention_faults(slots, positions, k_cache.shape[0] - 1, max_len)
+    record_(
+        errors if errors is not None else record_for(k_cache), "decode_attention", keys_f, -1,
+        (k_cache.shape[0] - 1, max_len),
+    )  # fmt: skip
+    safe = torch.where(live_t.any(1), slots.long(), 0)
     k = k_cache.index_select(0, safe)  # [B, M, KVH, hd]
     v = v_cache.index_select(0, safe)
     keys = torch.arange(max_len, device=q.device)
@@ -804,4 +921,6 @@ def decode_attention_reference(
     probs = torch.softmax(scores, dim=-1).to(v.dtype)
     out = torch.einsum("rgqlm,rmgd->rlgqd", probs, v).reshape(B, T, heads * head_dim)
     # Select, never multiply: a pad row's scores are all masked (NaN after the softmax).
-    return torch.where(live[:, None, None], out, 0.0)
+    bad = (keys_f != NO_FAULT)[:, None] & ~live_t  # the tokens that read nothing, not pad
+    poison = torch.where(bad, float("nan"), 0.0)[:, :, None].to(out.dtype)
+    return torch.where(live_t[:, :, None], out, poison)

@@ -9,6 +9,13 @@ and arrive in the forward's metadata (``md.mixed.conv``,
 
 One implementation, in torch (gathers and a K-tap sum; no Triton kernel yet): it is this
 op's reference too.
+
+Slots (``md.prefill_slots``, the pad id the metadata's declared null slot): a row whose slot
+is the pad id reads no initial state and writes none back; a row whose slot is neither the
+pad id nor in ``[0, slots)`` reads and writes nothing, its initial window is NaN (so are its
+outputs that reach into it) and the fault goes to the device's error record
+(:mod:`hybridmeta.kernels._errors`); with CPU tensors (nothing to sync) or in debug mode the
+op raises :class:`~hybridmeta.kernels.SlotIndexError` before writing.
 """
 
 from __future__ import annotations
@@ -17,7 +24,22 @@ import attrs
 import torch
 import torch.nn.functional as F
 
+from hybridmeta.debug import is_debug
+from hybridmeta.kernels._dispatch import observed
+from hybridmeta.kernels._errors import NO_FAULT, host_check, record_, record_for
+from hybridmeta.kernels._math import index_copy_rows_
+from hybridmeta.kernels._validate import (
+    FLOAT_DTYPES,
+    check_optional,
+    check_pool,
+    check_slots,
+    check_tensor,
+    pad_slot_of,
+    prefill_slot_faults,
+)
 from hybridmeta.model import Mamba2Metadata
+
+_OP = "causal_conv1d_prefill"
 
 __all__ = ["ConvPrefillOutput", "causal_conv1d_prefill", "extended_conv_input"]
 
@@ -75,10 +97,22 @@ def causal_conv1d_prefill(
     Returns
     -------
     ConvPrefillOutput
+
+    Raises
+    ------
+    TypeError, ValueError
+        A bad argument (the message names it), including a pool of a non-float dtype, on
+        another device or aliasing itself, or parameters of the wrong length. Nothing is
+        written.
+    SlotIndexError
+        A prefill slot that is neither the pad id nor in ``[0, slots)``, when the slots can
+        be read without a sync (CPU tensors outside a graph capture) or in debug mode.
+        Nothing is written.
     """
-    if xbc.dim() != 2:
+    if not isinstance(xbc, torch.Tensor) or xbc.dim() != 2:
         raise ValueError(
-            f"causal_conv1d_prefill: xbc must be [T, conv_dim], got {tuple(xbc.shape)}"
+            f"causal_conv1d_prefill: xbc must be [T, conv_dim], got "
+            f"{tuple(xbc.shape) if isinstance(xbc, torch.Tensor) else type(xbc).__name__}"
         )
     T, dim = xbc.shape
     mixed = md.mixed
@@ -105,9 +139,34 @@ def causal_conv1d_prefill(
         raise ValueError(
             f"causal_conv1d_prefill: activation must be 'silu' or None, got {activation!r}"
         )
+    conv_state = check_pool(_OP, "conv_state", conv_state, dims="[slots, conv_dim, K - 1]")
+    dev = conv_state.device
+    num_slots = conv_state.shape[0]
+    check_slots(_OP, "conv_state", num_slots)
+    check_tensor(_OP, "xbc", xbc, shape=(T, dim), dtypes=FLOAT_DTYPES, device=dev,
+                 dims="[T, conv_dim]")  # fmt: skip
+    check_tensor(_OP, "weight", weight, shape=(dim, K), dtypes=FLOAT_DTYPES, device=dev,
+                 dims="[conv_dim, K]")  # fmt: skip
+    check_optional(_OP, "bias", bias, shape=(dim,), dtypes=FLOAT_DTYPES, device=dev,
+                   dims="[conv_dim]")  # fmt: skip
+    slots = md.prefill_slots
+    if slots.device != dev:
+        raise ValueError(
+            f"{_OP}: the metadata's slots must be on the pool's device {dev}, got {slots.device}"
+        )
+    pad = pad_slot_of(md)
+    keys, read, write = prefill_slot_faults(num_slots, pad, slots)
+    if is_debug() or (dev.type == "cpu" and not observed(conv_state)):
+        host_check(_OP, keys, pad, num_slots)
 
-    init = conv_state.index_select(0, md.prefill_slots)  # [R, dim, K-1]
-    init = torch.where(mixed.has_initial_states[:, None, None], init, 0)
+    if num_slots:
+        init = conv_state.index_select(0, torch.where(read, slots, 0))  # [R, dim, K-1]
+    else:
+        init = conv_state.new_zeros(slots.shape[0], dim, K - 1)
+    init = torch.where((read & mixed.has_initial_states)[:, None, None], init, 0)
+    # A row with an invalid slot starts from a NaN window (its outputs that reach into it
+    # are NaN); it writes nothing back.
+    init = torch.where((keys != NO_FAULT)[:, None, None], float("nan"), init)
     init = init.transpose(1, 2).contiguous()  # [R, K-1, dim]
     ext = extended_conv_input(xbc, init)  # [T + R*(K-1), dim]
     w = weight.float()
@@ -118,5 +177,7 @@ def causal_conv1d_prefill(
         acc = acc + ext.index_select(0, mixed.conv.token_windows[:, k]).float() * w[:, k]
     out = F.silu(acc) if activation == "silu" else acc
     final = ext[mixed.conv.final_windows]  # [R, K-1, dim]
-    conv_state.index_copy_(0, md.prefill_slots, final.transpose(1, 2).to(conv_state.dtype))
+    index_copy_rows_(conv_state, slots, final.transpose(1, 2), write)
+    record_(record_for(conv_state), _OP, keys, pad, num_slots)
     return ConvPrefillOutput(out=out.to(xbc.dtype), init_windows=init)
+

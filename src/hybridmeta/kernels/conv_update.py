@@ -4,8 +4,11 @@ One program handles ``BLOCK_C`` channels of ``ROWS`` rows: it forms each row's w
 ``[state[:, 0..k-2], x]``, writes the convolved (and optionally SiLU-activated) output and
 shifts the window left by one into the row's conv-state slot. Several rows per program
 share one load of the weights and put several rows' loads in flight before the first
-store. Pad rows (slot ``-1``) read and write no state and write zeros to the output,
-never uninitialised memory. Works for any strides of the conv-state pool.
+store. Pad rows (slot ``pad_slot_id``) read and write no state and write zeros to the
+output, never uninitialised memory; a row with an invalid slot (neither the pad id nor in
+``[0, slots)``) reads and writes no state, gets NaN output and sets the device's error
+record (:mod:`hybridmeta.kernels._errors`). Works for any non-aliasing strides of the
+conv-state pool.
 
 The public op :func:`causal_conv1d_update` validates, then runs the kernel or the pure-torch
 :func:`causal_conv1d_update_reference`; :func:`causal_conv1d_update_from_metadata` takes
@@ -21,17 +24,31 @@ import triton.language as tl
 from hybridmeta.debug import is_debug
 from hybridmeta.kernels._config import ConvLaunchConfig, cdiv, conv_launch_config, pow2_ceil
 from hybridmeta.kernels._dispatch import Impl, no_output_fake, observed, resolve
+from hybridmeta.kernels._errors import (
+    NO_FAULT,
+    TAG,
+    fault_keys,
+    host_check,
+    record_,
+    record_for,
+    report,
+    valid_slot,
+)
 from hybridmeta.kernels._launch import DirectLauncher
 from hybridmeta.kernels._math import conv_step, scatter_rows_
 from hybridmeta.kernels._validate import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
     check_disjoint_writes,
-    check_index_range,
     check_optional,
+    check_pad_slot_id,
     check_pool,
+    check_rows,
+    check_slots,
     check_tensor,
     decode_rows,
+    pad_slot_of,
+    slot_kinds,
 )
 from hybridmeta.model import Mamba2Metadata
 
@@ -43,7 +60,11 @@ __all__ = [
 ]
 
 
-@triton.jit(do_not_specialize=["bs"])
+_OP = "causal_conv1d_update"
+_TAG: tl.constexpr = tl.constexpr(TAG[_OP])
+
+
+@triton.jit(do_not_specialize=["bs", "pad_id", "n_slots"])
 def _conv_update_kernel(
     x_ptr: tl.tensor,
     conv_state_ptr: tl.tensor,
@@ -51,7 +72,10 @@ def _conv_update_kernel(
     bias_ptr: tl.tensor,
     out_ptr: tl.tensor,
     slot_ptr: tl.tensor,
+    err_ptr: tl.tensor,
     bs: tl.tensor,
+    pad_id: tl.tensor,
+    n_slots: tl.tensor,
     dim: tl.tensor,
     stride_x_b: tl.tensor,
     stride_x_c: tl.tensor,
@@ -73,12 +97,20 @@ def _conv_update_kernel(
     i_r = tl.program_id(1)
     o_b = (i_r * ROWS + tl.arange(0, ROWS)).to(tl.int64)  # [R]
     m_b = o_b < bs
-    slot = tl.load(slot_ptr + o_b, mask=m_b, other=-1).to(tl.int64)  # [R]
+    slot = tl.load(slot_ptr + o_b, mask=m_b, other=0).to(tl.int64)  # [R]
+    ok = m_b & valid_slot(slot, pad_id, n_slots)  # [R] live rows
+    bad = m_b & (slot != pad_id) & (ok == 0)  # [R] invalid ids: no state, NaN output
+    if i_c == 0:
+        # One report per bad row (the program of the first channel block): the least row.
+        r_bad = tl.min(tl.where(bad, o_b, bs), axis=0)
+        if r_bad < bs:
+            v_bad = tl.sum(tl.where(o_b == r_bad, slot, 0), axis=0)
+            report(err_ptr, _TAG, r_bad, 0, v_bad, pad_id, n_slots)
     o_c = i_c * BLOCK_C + tl.arange(0, BLOCK_C)  # [C]
     o_k = tl.arange(0, BLOCK_K)  # [K]
     m_c = o_c < dim
     m_rc = m_b[:, None] & m_c[None, :]  # [R, C] rows < bs
-    m_live = (m_b & (slot >= 0))[:, None] & m_c[None, :]  # [R, C] live rows
+    m_live = ok[:, None] & m_c[None, :]  # [R, C] live rows
     # Window column j < WIDTH-1 is state column j; column WIDTH-1 is the new input.
     # (Tiles ordered [R, K, C] instead measured the same on the H200 for both pool
     # layouts: docs/kernels.md.)
@@ -105,7 +137,7 @@ def _conv_update_kernel(
     if SILU:
         b_o = b_o * tl.sigmoid(b_o)
     # A pad row's x may be garbage (even NaN): select, never multiply, to zero it.
-    b_o = tl.where(m_live, b_o, 0.0)
+    b_o = tl.where(m_live, b_o, tl.where(bad[:, None], float("nan"), 0.0))
     tl.store(
         out_ptr + o_b[:, None] * stride_o_b + o_c[None, :] * stride_o_c,
         b_o.to(out_ptr.dtype.element_ty),
@@ -129,6 +161,8 @@ def launch_conv_update(
     *,
     silu: bool,
     config: ConvLaunchConfig | None = None,
+    pad_slot_id: int = -1,
+    errors: torch.Tensor | None = None,
 ) -> None:
     """Launch the conv update on already validated tensors (no allocation, no checks).
 
@@ -143,16 +177,23 @@ def launch_conv_update(
     bias : torch.Tensor or None
         ``[conv_dim]``.
     slot_indices : torch.Tensor
-        ``[bs]`` slot of each row; ``-1`` marks a pad row.
+        ``[bs]`` slot of each row; ``pad_slot_id`` marks a pad row, any other id outside
+        ``[0, slots)`` is a fault (no state, NaN output, recorded in ``errors``).
     silu : bool
         Apply SiLU to the output.
     config : ConvLaunchConfig, optional
         Channels and rows per program, warps; default from ``conv_dim``.
+    pad_slot_id : int
+        The pad id (int32).
+    errors : torch.Tensor, optional
+        The error record (default: the device's).
     """
     bs, dim = x.shape
     width = weight.shape[1]
     if bs == 0:
         return
+    err = errors if errors is not None else record_for(conv_state)
+    n_slots = conv_state.shape[0]
     cfg = (
         config
         if config is not None
@@ -167,6 +208,7 @@ def launch_conv_update(
     ptrs = (
         x.data_ptr(), conv_state.data_ptr(), weight.data_ptr(),
         None if bias is None else bias.data_ptr(), out.data_ptr(), slot_indices.data_ptr(),
+        err.data_ptr(),
     )  # fmt: skip
     aligned = all(p is None or p & 15 == 0 for p in ptrs)
     dev = conv_state.get_device()
@@ -177,9 +219,9 @@ def launch_conv_update(
     var = _LAUNCHER.lookup(key, aligned)
     _LAUNCHER.launch(
         var, grid, key, dev, aligned,
-        lambda: (*ptrs, bs, *ints, *flags),
+        lambda: (*ptrs, bs, pad_slot_id, n_slots, *ints, *flags),
         lambda g: _conv_update_kernel[g](
-            x, conv_state, weight, bias, out, slot_indices, bs, *ints,
+            x, conv_state, weight, bias, out, slot_indices, err, bs, pad_slot_id, n_slots, *ints,
             WIDTH=width, HAS_BIAS=bias is not None, SILU=silu, ROWS=cfg.rows,
             BLOCK_C=cfg.block_c, BLOCK_K=flags[5], num_warps=cfg.num_warps,
         ),
@@ -200,13 +242,20 @@ def _conv_update_impl(
     out: torch.Tensor,
     slot_indices: torch.Tensor,
     silu: bool,
+    pad_slot_id: int,
+    errors: torch.Tensor,
 ) -> None:
     # The launcher makes the tensors' device current itself (only when it is not).
-    launch_conv_update(x, conv_state, weight, bias, out, slot_indices, silu=silu)
+    launch_conv_update(
+        x, conv_state, weight, bias, out, slot_indices, silu=silu, pad_slot_id=pad_slot_id,
+        errors=errors,
+    )  # fmt: skip
 
 
 _conv_update_op = torch.library.custom_op(
-    "hybridmeta::causal_conv1d_update", _conv_update_impl, mutates_args=("conv_state", "out")
+    "hybridmeta::causal_conv1d_update",
+    _conv_update_impl,
+    mutates_args=("conv_state", "out", "errors"),
 )
 
 _conv_update_op.register_fake(no_output_fake)
@@ -224,18 +273,38 @@ def causal_conv1d_update_reference(
     slot_indices: torch.Tensor,
     *,
     silu: bool,
+    pad_slot_id: int = -1,
+    errors: torch.Tensor | None = None,
 ) -> None:
     """The pure-torch conv update: the kernel's contract, in place, on validated tensors.
 
     Fixed shapes, no device-to-host reads (capturable like the kernel); fp32 math, the new
-    window cast to the pool's dtype and the output to ``out``'s.
+    window cast to the pool's dtype and the output to ``out``'s. A row with an invalid slot
+    reads and writes no state, gets NaN output and is recorded in ``errors`` (default: the
+    device's record), as the kernel does.
     """
-    live = slot_indices >= 0
+    slots = conv_state.shape[0]
+    keys, live = conv_faults(slots, pad_slot_id, slot_indices)
     safe = torch.where(live, slot_indices, 0)
-    window = torch.where(live[:, None, None], conv_state.index_select(0, safe).float(), 0.0)
+    if slots:
+        window = torch.where(live[:, None, None], conv_state.index_select(0, safe).float(), 0.0)
+    else:
+        window = torch.zeros(conv_state.shape[1:], device=x.device).expand(x.shape[0], -1, -1)
     y, new = conv_step(window, x, weight, bias, silu=silu)
-    out.copy_(torch.where(live[:, None], y, 0.0).to(out.dtype))
+    poison = torch.where(keys != NO_FAULT, float("nan"), 0.0)[:, None]
+    out.copy_(torch.where(live[:, None], y, poison).to(out.dtype))
     scatter_rows_(conv_state, 0, slot_indices, new, live)
+    record_(
+        errors if errors is not None else record_for(conv_state), _OP, keys, pad_slot_id, slots
+    )
+
+
+def conv_faults(
+    slots: int, pad: int, idx: torch.Tensor, field: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(keys, live)``: the rows' fault keys and the rows with a valid slot (no sync)."""
+    pad_rows, ok = slot_kinds(idx, slots, pad)
+    return fault_keys([(~pad_rows & ~ok, field, idx)]), ok
 
 
 # --------------------------------------------------------------------------- public op
@@ -251,16 +320,22 @@ def causal_conv1d_update(
     activation: str | None = "silu",
     out: torch.Tensor | None = None,
     impl: Impl | None = None,
+    pad_slot_id: int = -1,
 ) -> torch.Tensor:
     """Causal-conv1d decode update over a conv-state pool, in place.
 
-    For each live row ``b`` with slot ``s = cache_indices[b] >= 0``::
+    For each live row ``b`` with a valid slot ``s = cache_indices[b]``::
 
         win = [conv_state[s, :, 0], ..., conv_state[s, :, k-2], x[b]]    # [conv_dim, k]
         out[b] = act(sum_j win[:, j] * weight[:, j] + bias)
         conv_state[s] = win[:, 1:]
 
-    Pad rows (``cache_indices[b] == -1``) read and write no state and get zero output.
+    A valid slot is ``0 <= s < slots`` and ``s != pad_slot_id``. Pad rows
+    (``cache_indices[b] == pad_slot_id``) read and write no state and get zero output. A
+    row holding any other id reads and writes no state, gets NaN output, and the fault goes
+    to the device's error record (:func:`hybridmeta.kernels.check_errors`); with CPU index
+    tensors (outside a graph capture) or in debug mode the op raises
+    :class:`~hybridmeta.kernels.SlotIndexError` instead, before writing.
 
     Parameters
     ----------
@@ -273,29 +348,43 @@ def causal_conv1d_update(
     bias : torch.Tensor, optional
         ``[conv_dim]``.
     cache_indices : torch.Tensor
-        ``[bs]`` int32/int64 slot of each row; ``-1`` for a pad row.
+        ``[bs]`` int32/int64 slot of each row; ``pad_slot_id`` for a pad row.
     activation : {"silu", "swish", None}
         Output activation.
     out : torch.Tensor, optional
         ``[bs, conv_dim]`` in ``x.dtype``; allocated if not given.
     impl : {"auto", "triton", "reference"}, optional
         The implementation (see :func:`hybridmeta.kernels.implementation`).
+    pad_slot_id : int
+        The pad id (int32; default ``-1``).
 
     Returns
     -------
     torch.Tensor
         ``out``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        On any argument that breaks the rules above, including a pool that aliases itself.
+    SlotIndexError
+        An invalid slot, when the ids can be read without a sync (CPU tensors outside a
+        graph capture) or in debug mode (which also refuses two rows writing one slot).
+        Nothing is written.
     """
-    op = "causal_conv1d_update"
+    op = _OP
     if activation not in (None, "silu", "swish"):
         raise ValueError(f"{op}: `activation` must be None, 'silu' or 'swish', got {activation!r}")
+    check_pad_slot_id(op, pad_slot_id)
     conv_state = check_pool(op, "conv_state", conv_state, dims="[slots, conv_dim, k - 1]")
     dev = conv_state.device
     slots, dim, wm1 = conv_state.shape
+    check_slots(op, "conv_state", slots)
     x = check_tensor(
         op, "x", x, shape=(None, dim), dtypes=FLOAT_DTYPES, device=dev, dims="[bs, conv_dim]"
     )
     bs = x.shape[0]
+    check_rows(op, bs)
     check_tensor(op, "weight", weight, shape=(dim, wm1 + 1), dtypes=FLOAT_DTYPES, device=dev,
                  dims="[conv_dim, k]")  # fmt: skip
     check_optional(
@@ -308,18 +397,24 @@ def causal_conv1d_update(
             op, "out", out, shape=(bs, dim), dtypes=(x.dtype,), device=dev, dims="[bs, conv_dim]"
         )
     which = resolve(op, impl, dev)
-    if is_debug():
-        check_index_range(op, "cache_indices", cache_indices, slots)
-        live = cache_indices >= 0
-        check_disjoint_writes(op, [("cache_indices", cache_indices, live)], None)
+    seen = observed(conv_state)
+    if is_debug() or (not seen and dev.type == "cpu"):
+        keys, live = conv_faults(slots, pad_slot_id, cache_indices)
+        host_check(op, keys, pad_slot_id, slots)
+        if is_debug():
+            check_disjoint_writes(op, [("cache_indices", cache_indices, live)], None)
     if out is None:
         out = torch.empty_like(x)
     silu = activation is not None
+    errors = record_for(conv_state)
     if which == "reference":
-        causal_conv1d_update_reference(x, conv_state, weight, bias, out, cache_indices, silu=silu)
+        causal_conv1d_update_reference(
+            x, conv_state, weight, bias, out, cache_indices, silu=silu, pad_slot_id=pad_slot_id,
+            errors=errors,
+        )  # fmt: skip
         return out
-    run = torch.ops.hybridmeta.causal_conv1d_update if observed(conv_state) else _conv_update_impl
-    run(x, conv_state, weight, bias, out, cache_indices, silu)
+    run = torch.ops.hybridmeta.causal_conv1d_update if seen else _conv_update_impl
+    run(x, conv_state, weight, bias, out, cache_indices, silu, pad_slot_id, errors)
     return out
 
 
@@ -334,9 +429,10 @@ def causal_conv1d_update_from_metadata(
     out: torch.Tensor | None = None,
     impl: Impl | None = None,
 ) -> torch.Tensor:
-    """:func:`causal_conv1d_update` of the decode rows of ``md`` (their working slots)."""
+    """:func:`causal_conv1d_update` of the decode rows of ``md`` (their working slots; the
+    pad id the metadata's declared null slot)."""
     rows = decode_rows("causal_conv1d_update_from_metadata", md, x.shape[0])
     return causal_conv1d_update(
         x, conv_state, weight, bias, cache_indices=md.mamba_cache_indices[rows],
-        activation=activation, out=out, impl=impl,
+        activation=activation, out=out, impl=impl, pad_slot_id=pad_slot_of(md),
     )  # fmt: skip

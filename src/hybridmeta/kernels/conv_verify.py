@@ -26,17 +26,22 @@ import triton.language as tl
 from hybridmeta.debug import is_debug
 from hybridmeta.kernels._config import ConvLaunchConfig, cdiv, conv_launch_config, pow2_ceil
 from hybridmeta.kernels._dispatch import Impl, no_output_fake, observed, on_device, resolve
+from hybridmeta.kernels._errors import NO_FAULT, TAG, record_, record_for
 from hybridmeta.kernels._math import conv_step
 from hybridmeta.kernels._validate import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
-    check_index_range,
+    check_no_alias,
     check_optional,
+    check_pad_slot_id,
     check_pool,
+    check_rows,
+    check_slots,
     check_tensor,
+    pad_slot_of,
     verify_rows,
 )
-from hybridmeta.kernels.ssm_verify import check_draft_indices
+from hybridmeta.kernels.ssm_verify import check_verify_ids, verify_faults, verify_row_check
 from hybridmeta.model import Mamba2Metadata
 
 __all__ = [
@@ -47,9 +52,13 @@ __all__ = [
 ]
 
 
+_OP = "conv_verify_update"
+_TAG: tl.constexpr = tl.constexpr(TAG[_OP])
+
+
 # T and the parent array's row stride (T when dense) are runtime values: a new draft
 # length must not compile a new variant (Triton specialises integers equal to 1).
-@triton.jit(do_not_specialize=["T", "stride_par_b"])
+@triton.jit(do_not_specialize=["T", "stride_par_b", "pad_id", "n_slots"])
 def _conv_verify_kernel(
     x_ptr: tl.tensor,
     conv_state_ptr: tl.tensor,
@@ -60,7 +69,10 @@ def _conv_verify_kernel(
     slot_ptr: tl.tensor,
     parent_ptr: tl.tensor,
     ndraft_ptr: tl.tensor,
+    err_ptr: tl.tensor,
     T: tl.tensor,
+    pad_id: tl.tensor,
+    n_slots: tl.tensor,
     dim: tl.tensor,
     stride_x_b: tl.tensor,
     stride_x_t: tl.tensor,
@@ -91,9 +103,13 @@ def _conv_verify_kernel(
     i_t = tl.program_id(1).to(tl.int64)
     i_b = tl.program_id(2).to(tl.int64)
     slot = tl.load(slot_ptr + i_b).to(tl.int64)
-    n_live = tl.load(ndraft_ptr + i_b).to(tl.int64) if HAS_NDRAFT else T.to(tl.int64)
-    # A pad row or a column past the live count: bound 0, so no state is read or stored.
-    lim_c = tl.where(slot >= 0, tl.where(i_t < n_live, dim, 0), 0)
+    # A pad row, a row with an invalid id (NaN output) or a column past the live count:
+    # bound 0, so no state is read or stored. One program of the row reports a fault.
+    _live, bad, n_live = verify_row_check(
+        i_b, slot, ndraft_ptr, parent_ptr, err_ptr, T, pad_id, n_slots, stride_par_b,
+        stride_par_t, (i_c == 0) & (i_t == 0), _TAG, HAS_PARENT, HAS_NDRAFT,
+    )  # fmt: skip
+    lim_c = tl.where(i_t < n_live, dim, 0)
 
     o_c = i_c * BLOCK_C + tl.arange(0, BLOCK_C)  # [C]
     o_k = tl.arange(0, BLOCK_K)  # [K]
@@ -153,7 +169,7 @@ def _conv_verify_kernel(
     if SILU:
         b_o = b_o * tl.sigmoid(b_o)
     # Pad rows and dead columns: select, never multiply (their inputs may be NaN).
-    b_o = tl.where(m_live, b_o, 0.0)
+    b_o = tl.where(m_live, b_o, tl.where(bad, float("nan"), 0.0))
     tl.store(
         out_ptr + i_b * stride_o_b + i_t * stride_o_t + o_c * stride_o_c,
         b_o.to(out_ptr.dtype.element_ty),
@@ -185,6 +201,8 @@ def launch_conv_verify(
     parent: torch.Tensor | None,
     num_draft: torch.Tensor | None,
     config: ConvLaunchConfig | None = None,
+    pad_slot_id: int = -1,
+    errors: torch.Tensor | None = None,
 ) -> None:
     """Launch the conv verify update on already validated tensors (no allocation, no checks).
 
@@ -201,18 +219,23 @@ def launch_conv_verify(
     inter : torch.Tensor
         ``[bs, T, conv_dim, k - 1]`` (any strides); written.
     cache_indices : torch.Tensor
-        ``[bs]`` working slot of each row; ``-1`` marks a pad row.
+        ``[bs]`` working slot of each row; ``pad_slot_id`` marks a pad row.
     silu : bool
         Apply SiLU to the output.
     parent, num_draft : torch.Tensor or None
         ``[bs, T]`` parent token (``-1`` root) and ``[bs]`` live draft columns.
     config : ConvLaunchConfig, optional
         Channels per program and warps (``rows`` is not used); default from ``conv_dim``.
+    pad_slot_id : int
+        The pad id (int32).
+    errors : torch.Tensor, optional
+        The error record (default: the device's).
     """
     bs, T, dim = x.shape
     width = weight.shape[1]
     if bs == 0 or T == 0:
         return
+    err = errors if errors is not None else record_for(conv_state)
     cfg = config if config is not None else conv_launch_config(dim)
     par_strides = parent.stride() if parent is not None else (0, 0)
     grid = (cdiv(dim, cfg.block_c), T, bs)
@@ -226,7 +249,10 @@ def launch_conv_verify(
         slot_ptr=cache_indices,
         parent_ptr=parent,
         ndraft_ptr=num_draft,
+        err_ptr=err,
         T=T,
+        pad_id=pad_slot_id,
+        n_slots=conv_state.shape[0],
         dim=dim,
         stride_x_b=x.stride(0),
         stride_x_t=x.stride(1),
@@ -270,16 +296,20 @@ def _conv_verify_impl(
     silu: bool,
     parent: torch.Tensor | None,
     num_draft: torch.Tensor | None,
+    pad_slot_id: int,
+    errors: torch.Tensor,
 ) -> None:
     with on_device(conv_state.device):
         launch_conv_verify(
             x, conv_state, weight, bias, out, inter, cache_indices, silu=silu, parent=parent,
-            num_draft=num_draft,
+            num_draft=num_draft, pad_slot_id=pad_slot_id, errors=errors,
         )  # fmt: skip
 
 
 _conv_verify_op = torch.library.custom_op(
-    "hybridmeta::conv_verify_update", _conv_verify_impl, mutates_args=("out", "inter")
+    "hybridmeta::conv_verify_update",
+    _conv_verify_impl,
+    mutates_args=("out", "inter", "errors"),
 )
 
 _conv_verify_op.register_fake(no_output_fake)
@@ -301,10 +331,11 @@ def conv_verify_update(
     num_draft: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     impl: Impl | None = None,
+    pad_slot_id: int = -1,
 ) -> torch.Tensor:
     """Causal-conv1d verify update: ``T`` draft tokens per row, the window after each kept.
 
-    For each live row ``b`` (slot ``s = cache_indices[b] >= 0``) and live column
+    For each live row ``b`` (a valid slot ``s = cache_indices[b]``) and live column
     ``t < num_draft[b]``::
 
         prev = conv_state[s] if root(t) else inter[b, parent(t)]    # [conv_dim, k-1]
@@ -313,8 +344,11 @@ def conv_verify_update(
         inter[b, t] = win[:, 1:]                                     # in the pool's dtype
 
     ``parent(t)`` is ``parent[b, t]`` (``-1``: a root) or, without ``parent``, ``t - 1``
-    (a chain). The pool is only read. Pad rows and columns ``t >= num_draft[b]`` read no
-    state, write nothing to ``inter`` and get zero output.
+    (a chain). The pool is only read. Pad rows (``cache_indices[b] == pad_slot_id``) and
+    columns ``t >= num_draft[b]`` read no state, write nothing to ``inter`` and get zero
+    output. Invalid ids, counts and parents are handled as :func:`ssm_verify_update`
+    handles them (NaN output, nothing stored, the device's error record; CPU tensors or
+    debug mode: :class:`~hybridmeta.kernels.SlotIndexError` before writing).
 
     Parameters
     ----------
@@ -327,7 +361,7 @@ def conv_verify_update(
     bias : torch.Tensor, optional
         ``[conv_dim]``.
     cache_indices : torch.Tensor
-        ``[bs]`` int32/int64 working slot of each row; ``-1`` for a pad row.
+        ``[bs]`` int32/int64 working slot of each row; ``pad_slot_id`` for a pad row.
     inter : torch.Tensor
         ``[bs, T, conv_dim, k - 1]`` in ``conv_state.dtype`` (any strides); receives the
         window after each live token.
@@ -339,6 +373,8 @@ def conv_verify_update(
         ``[bs]`` live draft columns of each row, in ``[0, T]`` (default ``T``).
     out : torch.Tensor, optional
         ``[bs, T, conv_dim]`` in ``x.dtype``; allocated if not given.
+    pad_slot_id : int
+        The pad id (int32; default ``-1``).
 
     Returns
     -------
@@ -348,19 +384,24 @@ def conv_verify_update(
     Raises
     ------
     TypeError, ValueError
-        On any argument that breaks the rules above (the message names it); in debug mode
-        also on a slot outside ``[-1, slots)``, a bad parent or a bad ``num_draft``.
-        Nothing is written.
+        On any argument that breaks the rules above (the message names it), including a
+        pool or ``inter`` that aliases itself. Nothing is written.
+    SlotIndexError
+        An invalid slot, count or parent, when they can be read without a sync or in
+        debug mode. Nothing is written.
     """
-    op = "conv_verify_update"
+    op = _OP
     if activation not in (None, "silu", "swish"):
         raise ValueError(f"{op}: `activation` must be None, 'silu' or 'swish', got {activation!r}")
+    check_pad_slot_id(op, pad_slot_id)
     conv_state = check_pool(op, "conv_state", conv_state, dims="[slots, conv_dim, k - 1]")
     dev = conv_state.device
     slots, dim, wm1 = conv_state.shape
+    check_slots(op, "conv_state", slots)
     x = check_tensor(op, "x", x, shape=(None, None, dim), dtypes=FLOAT_DTYPES, device=dev,
                      dims="[bs, T, conv_dim]")  # fmt: skip
     bs, T = x.shape[:2]
+    check_rows(op, bs)
     if T < 1:
         raise ValueError(f"{op}: `x` must have at least one draft column (T >= 1), got T={T}")
     check_tensor(op, "weight", weight, shape=(dim, wm1 + 1), dtypes=FLOAT_DTYPES, device=dev,
@@ -372,6 +413,7 @@ def conv_verify_update(
                  device=dev, dims="[bs]")  # fmt: skip
     check_tensor(op, "inter", inter, shape=(bs, T, dim, wm1), dtypes=(conv_state.dtype,),
                  device=dev, dims="[bs, T, conv_dim, k - 1]")  # fmt: skip
+    check_no_alias(op, "inter", inter)
     check_optional(op, "parent", parent, shape=(bs, T), dtypes=INDEX_DTYPES, device=dev,
                    dims="[bs, T]")  # fmt: skip
     check_optional(op, "num_draft", num_draft, shape=(bs,), dtypes=INDEX_DTYPES, device=dev,
@@ -380,20 +422,22 @@ def conv_verify_update(
         check_tensor(op, "out", out, shape=(bs, T, dim), dtypes=(x.dtype,), device=dev,
                      dims="[bs, T, conv_dim]")  # fmt: skip
     which = resolve(op, impl, dev)
-    if is_debug():
-        check_index_range(op, "cache_indices", cache_indices, slots)
-        check_draft_indices(op, cache_indices >= 0, T, parent, num_draft)
+    seen = observed(conv_state)
+    if is_debug() or (not seen and dev.type == "cpu"):
+        check_verify_ids(op, slots, pad_slot_id, T, cache_indices, parent, num_draft)
     if out is None:
         out = torch.empty_like(x)
+    errors = record_for(conv_state)
     if which == "reference":
         conv_verify_update_reference(
             x, conv_state, weight, bias, out, inter, cache_indices,
             silu=activation is not None, parent=parent, num_draft=num_draft,
+            pad_slot_id=pad_slot_id, errors=errors,
         )  # fmt: skip
         return out
-    run = torch.ops.hybridmeta.conv_verify_update if observed(conv_state) else _conv_verify_impl
+    run = torch.ops.hybridmeta.conv_verify_update if seen else _conv_verify_impl
     run(x, conv_state, weight, bias, out, inter, cache_indices, activation is not None, parent,
-        num_draft)  # fmt: skip
+        num_draft, pad_slot_id, errors)  # fmt: skip
     return out
 
 
@@ -425,6 +469,7 @@ def conv_verify_update_from_metadata(
     return conv_verify_update(
         x, conv_state, weight, bias, cache_indices=md.mamba_cache_indices, inter=inter,
         activation=activation, parent=md.retrieve_parent_token, out=out, impl=impl,
+        pad_slot_id=pad_slot_of(md),
     )  # fmt: skip
 
 
@@ -443,19 +488,26 @@ def conv_verify_update_reference(
     silu: bool,
     parent: torch.Tensor | None = None,
     num_draft: torch.Tensor | None = None,
+    pad_slot_id: int = -1,
+    errors: torch.Tensor | None = None,
 ) -> None:
     """The pure-torch conv verify update: the kernel's contract, in place.
 
     Token by token through :func:`hybridmeta.kernels._math.conv_step`; writes ``out`` and
     the live ``inter[b, t]`` windows (in the pool's dtype), never the pool. Fixed shapes,
-    no device-to-host reads (capturable).
+    no device-to-host reads (capturable). A row with an invalid id, count or parent
+    writes nothing to ``inter``, gets NaN output and is recorded in ``errors`` (default:
+    the device's record), as the kernel does.
     """
     bs, T, _ = x.shape
-    live = cache_indices >= 0
-    n = num_draft.long() if num_draft is not None else torch.full_like(cache_indices, T).long()
-    n = torch.where(live, n, 0)
+    slots = conv_state.shape[0]
+    keys, live, n = verify_faults(slots, pad_slot_id, T, cache_indices, parent, num_draft)
+    poison = torch.where(keys != NO_FAULT, float("nan"), 0.0)[:, None]
     safe = torch.where(live, cache_indices, 0)
-    w0 = torch.where(live[:, None, None], conv_state.index_select(0, safe).float(), 0.0)
+    if slots:
+        w0 = torch.where(live[:, None, None], conv_state.index_select(0, safe).float(), 0.0)
+    else:
+        w0 = torch.zeros(conv_state.shape[1:], device=x.device).expand(bs, -1, -1)
     rows = torch.arange(bs, device=x.device)
     after: list[torch.Tensor] = []  # fp32 copies of the stored windows per token
     for t in range(T):
@@ -467,7 +519,11 @@ def conv_verify_update_reference(
             prev = torch.where((par >= 0)[:, None, None], from_inter, w0)
         y, new = conv_step(prev, x[:, t], weight, bias, silu=silu)
         keep = t < n
-        out[:, t].copy_(torch.where(keep[:, None], y, 0.0).to(out.dtype))
+        out[:, t].copy_(torch.where(keep[:, None], y, poison).to(out.dtype))
         stored = new.to(conv_state.dtype)
         after.append(stored.float())
         inter[:, t].copy_(torch.where(keep[:, None, None], stored, inter[:, t]))
+    record_(
+        errors if errors is not None else record_for(conv_state), _OP, keys, pad_slot_id,
+        (slots, T, T),
+    )  # fmt: skip

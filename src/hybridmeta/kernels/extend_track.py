@@ -8,15 +8,27 @@ each takes its conv window from the layer's conv input. The slots are the rows'
 
 One implementation, in torch (a few gathers and index copies per layer): it is this op's
 reference too.
+
+A boundary whose track slot is the metadata's pad id saves nothing ("no track slot"); one
+whose track slot (or its row's working slot) is neither the pad id nor in ``[0, slots)``
+saves nothing and the fault goes to the device's error record (:mod:`hybridmeta.kernels._errors`); with CPU tensors or
+in debug mode the op raises :class:`~hybridmeta.kernels.SlotIndexError` before writing.
 """
 
 from __future__ import annotations
 
 import torch
 
+from hybridmeta.debug import is_debug
+from hybridmeta.kernels._dispatch import observed
+from hybridmeta.kernels._errors import fault_keys, host_check, record_, record_for
+from hybridmeta.kernels._math import index_copy_rows_
+from hybridmeta.kernels._validate import check_pool, check_slots, pad_slot_of, slot_kinds
 from hybridmeta.kernels.conv_prefill import ConvPrefillOutput
 from hybridmeta.kernels.ssd_scan import SSDScanOutput
 from hybridmeta.model import Mamba2Metadata
+
+_OP = "extend_track_save"
 
 __all__ = ["extend_track_save"]
 
@@ -63,7 +75,26 @@ def extend_track_save(
         ``[num_slots, conv_dim, K-1]`` pool (written in place).
     ssm_state : torch.Tensor
         ``[num_slots, H, P, N]`` pool (written in place).
+
+    Raises
+    ------
+    TypeError, ValueError
+        A pool of a non-float dtype, of another slot count or device than the other, or
+        aliasing itself; a scan of another forward. Nothing is written.
+    SlotIndexError
+        A boundary's track slot that is neither the pad id nor in ``[0, slots)``, when the
+        slots can be read without a sync or in debug mode. Nothing is written.
     """
+    conv_state = check_pool(_OP, "conv_state", conv_state, dims="[slots, conv_dim, K - 1]")
+    ssm_state = check_pool(_OP, "ssm_state", ssm_state, dims="[slots, H, P, N]")
+    num_slots = ssm_state.shape[0]
+    check_slots(_OP, "ssm_state", num_slots)
+    if conv_state.shape[0] != num_slots or conv_state.device != ssm_state.device:
+        raise ValueError(
+            f"{_OP}: `conv_state` and `ssm_state` must have one slot count and device, got "
+            f"{conv_state.shape[0]} slots on {conv_state.device} and {num_slots} on "
+            f"{ssm_state.device}"
+        )
     mixed = md.mixed
     if mixed is None:
         return
@@ -82,10 +113,28 @@ def extend_track_save(
             f"extend_track_save: scan holds {scan.tracked_h.shape[0]} / {scan.recomputed.shape[0]} "
             f"boundary states but the plan has {n_h} / {n_rc}; pass this forward's scan"
         )
-    mid_dst = track.index_select(0, torch.cat([tr.h_rows, tr.recompute_rows]))
+    if track.device != ssm_state.device or xbc.device != ssm_state.device:
+        raise ValueError(
+            f"{_OP}: `xbc` and the metadata must be on the pools' device {ssm_state.device}, "
+            f"got {xbc.device} and {track.device}"
+        )
+    rows = torch.cat([tr.h_rows, tr.recompute_rows])  # the boundaries' metadata rows
+    mid_dst = track.index_select(0, rows)
+    mid_src = md.mamba_cache_indices.index_select(0, rows)
+    pad = pad_slot_of(md)
+    # A boundary of a row whose working slot is invalid holds a poisoned state: not saved.
+    src_pad, src_ok = slot_kinds(mid_src, num_slots, pad)
+    pad_rows, ok = slot_kinds(mid_dst, num_slots, pad)
+    keys = fault_keys(
+        [(~src_pad & ~src_ok, 0, mid_src), (src_ok & ~pad_rows & ~ok, 1, mid_dst)], rows=rows
+    )
+    ok = ok & src_ok
+    if is_debug() or (ssm_state.device.type == "cpu" and not observed(ssm_state)):
+        host_check(_OP, keys, pad, num_slots)
     windows = _gather_extended(xbc, conv.init_windows, tr.windows)  # [n_mid, K-1, dim]
-    conv_state.index_copy_(0, mid_dst, windows.transpose(1, 2).to(conv_state.dtype))
+    index_copy_rows_(conv_state, mid_dst, windows.transpose(1, 2), ok)
     states = torch.cat([scan.tracked_h, scan.recomputed]) if n_h and n_rc else (
         scan.tracked_h if n_h else scan.recomputed
     )
-    ssm_state.index_copy_(0, mid_dst, states.to(ssm_state.dtype))
+    index_copy_rows_(ssm_state, mid_dst, states, ok)
+    record_(record_for(ssm_state), _OP, keys, pad, num_slots)

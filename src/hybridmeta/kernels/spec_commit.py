@@ -17,6 +17,8 @@ helper :func:`spec_track_token` (which boundary token, if any) and the pure-torc
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -24,16 +26,31 @@ import triton.language as tl
 from hybridmeta.debug import is_debug
 from hybridmeta.kernels._config import CopyLaunchConfig, cdiv, copy_launch_config, pow2_ceil
 from hybridmeta.kernels._dispatch import Impl, no_output_fake, observed, on_device, resolve
+from hybridmeta.kernels._errors import (
+    NO_FAULT,
+    TAG,
+    fault_keys,
+    host_check,
+    record_,
+    record_for,
+    report,
+    valid_slot,
+)
 from hybridmeta.kernels._math import scatter_rows_
 from hybridmeta.kernels._validate import (
     INDEX_DTYPES,
     MASK_DTYPES,
     STATE_DTYPES,
     check_disjoint_writes,
-    check_index_range,
+    check_no_alias,
+    check_pad_slot_id,
     check_pool,
+    check_rows,
     check_slot_contiguous,
+    check_slots,
     check_tensor,
+    pad_slot_of,
+    slot_kinds,
 )
 from hybridmeta.model import SpecCommitMetadata
 
@@ -71,7 +88,11 @@ def _copy_layers(
         tl.store(dst_ptr + i_l * stride_dst_l + dst_off + offs, v, mask=m)
 
 
-@triton.jit(do_not_specialize=["bs", "T"])
+_OP = "spec_commit"
+_TAG: tl.constexpr = tl.constexpr(TAG[_OP])
+
+
+@triton.jit(do_not_specialize=["bs", "T", "pad_id", "n_slots"])
 def _spec_commit_kernel(
     ssm_ptr: tl.tensor,
     conv_ptr: tl.tensor,
@@ -82,8 +103,11 @@ def _spec_commit_kernel(
     trk_ptr: tl.tensor,
     trk_mask_ptr: tl.tensor,
     trk_tok_ptr: tl.tensor,
+    err_ptr: tl.tensor,
     bs: tl.tensor,
     T: tl.tensor,
+    pad_id: tl.tensor,
+    n_slots: tl.tensor,
     num_layers: tl.tensor,
     ssm_numel: tl.tensor,
     conv_numel: tl.tensor,
@@ -108,12 +132,34 @@ def _spec_commit_kernel(
         # int64: row * per-row stride of the intermediate buffers overflows int32.
         b64 = zero + b
         slot = tl.load(slot_ptr + b64).to(tl.int64)
-        # Token to commit, -1 for none: a pad row (slot -1), nothing accepted (-1), or an
-        # index past T (memory-safe; debug mode refuses it). Chained `where`, not `a & b`
-        # of scalars (the interpreter mistypes those).
+        slot_ok = valid_slot(slot, pad_id, n_slots)
+        # The token to commit: -1 commits nothing. A row whose working slot, accepted
+        # column, (flagged) track slot or boundary column is invalid commits nothing at all
+        # (not the working slot, not the track slot) and is recorded.
         tok = tl.load(acc_ptr + b64).to(tl.int64)
-        tok = tl.where(slot >= 0, tok, -1)
-        tok = tl.where(tok < T, tok, -1)
+        bad_s = (slot != pad_id) & (slot_ok == 0)
+        bad_a = slot_ok & ((tok < -1) | (tok >= T))
+        bad = bad_s | bad_a
+        if HAS_TRACK:
+            flag = tl.load(trk_mask_ptr + b64) != 0
+            trk = tl.load(trk_ptr + b64).to(tl.int64)
+            ttok = tl.load(trk_tok_ptr + b64).to(tl.int64)
+            trk_ok = valid_slot(trk, pad_id, n_slots)
+            on = slot_ok & flag
+            bad_t = on & (trk != pad_id) & (trk_ok == 0)
+            bad_k = on & trk_ok & ((ttok < -1) | (ttok >= T))
+            bad = bad | bad_t | bad_k
+        if bad & (pid == 0):
+            if HAS_TRACK:
+                field = tl.where(bad_s, 0, tl.where(bad_a, 1, tl.where(bad_t, 2, 3)))
+                value = tl.where(bad_s, slot, tl.where(bad_a, tok, tl.where(bad_t, trk, ttok)))
+            else:
+                field = tl.where(bad_s, 0, 1)
+                value = tl.where(bad_s, slot, tok)
+            bound = tl.where((field == 0) | (field == 2), n_slots, T)
+            report(err_ptr, _TAG, b64, field, value, pad_id, bound)
+        live = slot_ok & (bad == 0)
+        tok = tl.where(live, tok, -1)
         if tok >= 0:
             _copy_layers(
                 ssm_ptr, issm_ptr, slot * stride_ssm_slot,
@@ -126,13 +172,7 @@ def _spec_commit_kernel(
                 num_layers, conv_numel, pid, nprog, CONV_BLOCK,
             )  # fmt: skip
         if HAS_TRACK:
-            flag = tl.load(trk_mask_ptr + b64) != 0
-            trk = tl.load(trk_ptr + b64).to(tl.int64)
-            ttok = tl.load(trk_tok_ptr + b64).to(tl.int64)
-            ttok = tl.where(flag, ttok, -1)
-            ttok = tl.where(slot >= 0, ttok, -1)
-            ttok = tl.where(trk >= 0, ttok, -1)
-            ttok = tl.where(ttok < T, ttok, -1)
+            ttok = tl.where(live & flag & trk_ok, ttok, -1)
             if ttok >= 0:
                 _copy_layers(
                     ssm_ptr, issm_ptr, trk * stride_ssm_slot,
@@ -158,6 +198,8 @@ def launch_spec_commit(
     track_token: torch.Tensor | None,
     *,
     config: CopyLaunchConfig | None = None,
+    pad_slot_id: int = -1,
+    errors: torch.Tensor | None = None,
 ) -> None:
     """Launch the commit on already validated tensors (no allocation, no checks).
 
@@ -169,18 +211,25 @@ def launch_spec_commit(
     inter_conv, inter_ssm : torch.Tensor
         ``[layers, bs, T, ...]`` with the same trailing shapes, each block dense; read.
     state_indices, accepted_index : torch.Tensor
-        ``[bs]`` working slot (``-1`` pad) and token to commit (``-1`` none).
+        ``[bs]`` working slot (``pad_slot_id`` pad) and token to commit (``-1`` none).
     track_indices, track_mask, track_token : torch.Tensor or None
-        ``[bs]`` track slot, flag and boundary token (``-1`` none); all or none.
+        ``[bs]`` track slot (``pad_slot_id`` none), flag and boundary token (``-1`` none);
+        all or none.
     config : CopyLaunchConfig, optional
         Copy step and program count; default from the device and dtype.
+    pad_slot_id : int
+        The pad id (int32).
+    errors : torch.Tensor, optional
+        The error record (default: the device's).
     """
     bs = state_indices.shape[0]
     num_layers, _, T = inter_ssm.shape[:3]
-    if bs == 0 or num_layers == 0:
+    if bs == 0:
         return
-    ssm_numel = ssm_pool[0, 0].numel()
-    conv_numel = conv_pool[0, 0].numel()
+    err = errors if errors is not None else record_for(ssm_pool)
+    # From the shapes: no layers or no slots still checks the rows' ids.
+    ssm_numel = math.prod(ssm_pool.shape[2:])
+    conv_numel = math.prod(conv_pool.shape[2:])
     cfg = (
         config
         if config is not None
@@ -203,8 +252,11 @@ def launch_spec_commit(
         trk_ptr=track_indices,
         trk_mask_ptr=track_mask,
         trk_tok_ptr=track_token,
+        err_ptr=err,
         bs=bs,
         T=T,
+        pad_id=pad_slot_id,
+        n_slots=ssm_pool.shape[1],
         num_layers=num_layers,
         ssm_numel=ssm_numel,
         conv_numel=conv_numel,
@@ -238,16 +290,20 @@ def _spec_commit_impl(
     track_indices: torch.Tensor | None,
     track_mask: torch.Tensor | None,
     track_token: torch.Tensor | None,
+    pad_slot_id: int,
+    errors: torch.Tensor,
 ) -> None:
     with on_device(ssm_pool.device):
         launch_spec_commit(
             conv_pool, ssm_pool, inter_conv, inter_ssm, state_indices, accepted_index,
-            track_indices, track_mask, track_token,
+            track_indices, track_mask, track_token, pad_slot_id=pad_slot_id, errors=errors,
         )  # fmt: skip
 
 
 _spec_commit_op = torch.library.custom_op(
-    "hybridmeta::spec_commit", _spec_commit_impl, mutates_args=("conv_pool", "ssm_pool")
+    "hybridmeta::spec_commit",
+    _spec_commit_impl,
+    mutates_args=("conv_pool", "ssm_pool", "errors"),
 )
 
 _spec_commit_op.register_fake(no_output_fake)
@@ -268,23 +324,31 @@ def spec_commit(
     track_mask: torch.Tensor | None = None,
     track_token: torch.Tensor | None = None,
     impl: Impl | None = None,
+    pad_slot_id: int = -1,
 ) -> None:
     """Commit the verified draft: copy accepted states into the working and track slots.
 
-    One launch covers every layer of the layer-major pools. For each row ``b`` with
-    working slot ``s = state_indices[b] >= 0``::
+    One launch covers every layer of the layer-major pools. For each row ``b`` with a
+    valid working slot ``s = state_indices[b]``::
 
         a = accepted_index[b]                # last accepted draft column, -1: none accepted
         if a >= 0:
             ssm_pool[:, s]  = inter_ssm[:, b, a];   conv_pool[:, s] = inter_conv[:, b, a]
         k = track_token[b]                   # boundary column, -1: no boundary crossed
-        if track_mask[b] and k >= 0 and track_indices[b] >= 0:
+        if track_mask[b] and k >= 0 and track_indices[b] != pad_slot_id:
             ssm_pool[:, track_indices[b]] = inter_ssm[:, b, k];   (conv likewise)
 
     For a chain ``accepted_index = num_accepted - 1``; for a tree it is the column of the
     accepted path's last token. ``accepted_index == -1`` leaves the working slot unchanged.
     :func:`spec_track_token` computes ``track_token`` from the sequence lengths. Pad rows
-    (``state_indices[b] == -1``) do nothing. Copies are exact (same dtype both sides).
+    (``state_indices[b] == pad_slot_id``) do nothing. Copies are exact (same dtype both
+    sides). A valid slot is ``0 <= id < slots`` and ``id != pad_slot_id``. A row holding an
+    invalid working slot, an ``accepted_index`` outside ``[-1, T)`` (e.g. the count passed
+    for the index), or, when flagged, an invalid track slot or a ``track_token`` outside
+    ``[-1, T)`` commits nothing (neither slot) and the fault goes to the device's error
+    record (:func:`hybridmeta.kernels.check_errors`); with CPU index tensors (outside a
+    graph capture) or in debug mode the op raises
+    :class:`~hybridmeta.kernels.SlotIndexError` instead, before writing.
 
     Parameters
     ----------
@@ -299,31 +363,39 @@ def spec_commit(
         ``[layers, bs, T, nheads, headdim, dstate]`` in ``ssm_pool.dtype``, each block
         contiguous (what :func:`ssm_verify_update` filled).
     state_indices : torch.Tensor
-        ``[bs]`` int32/int64 working slot of each row; ``-1`` for a pad row.
+        ``[bs]`` int32/int64 working slot of each row; ``pad_slot_id`` for a pad row.
     accepted_index : torch.Tensor
         ``[bs]`` int32/int64 in ``[-1, T)``.
     track_indices, track_mask, track_token : torch.Tensor, optional
-        All three or none. ``[bs]`` track slot (int), flag (bool) and boundary column in
-        ``[-1, T)`` (int).
+        All three or none. ``[bs]`` track slot (int; ``pad_slot_id``: none), flag (bool)
+        and boundary column in ``[-1, T)`` (int).
+    pad_slot_id : int
+        The pad id (int32; default ``-1``).
 
     Raises
     ------
     TypeError, ValueError
-        On any argument that breaks the rules above (the message names it); in debug mode
-        also on a slot outside ``[-1, slots)``, a column outside ``[-1, T)``, or two rows
-        writing one slot. Nothing is written.
+        On any argument that breaks the rules above (the message names it), including a
+        pool that aliases itself. Nothing is written.
+    SlotIndexError
+        An invalid slot or column, when they can be read without a sync or in debug mode
+        (which also refuses two rows writing one slot). Nothing is written.
     """
-    op = "spec_commit"
+    op = _OP
+    check_pad_slot_id(op, pad_slot_id)
     ssm_pool = check_pool(op, "ssm_pool", ssm_pool, dims="[layers, slots, nheads, headdim, dstate]")
     dev = ssm_pool.device
     layers, slots = ssm_pool.shape[:2]
+    check_slots(op, "ssm_pool", slots)
     check_tensor(op, "conv_pool", conv_pool, shape=(layers, slots, None, None), dtypes=STATE_DTYPES,
                  device=dev, dims="[layers, slots, conv_dim, k - 1]")  # fmt: skip
+    check_no_alias(op, "conv_pool", conv_pool)
     check_slot_contiguous(op, "ssm_pool", ssm_pool, 2)
     check_slot_contiguous(op, "conv_pool", conv_pool, 2)
     check_tensor(op, "state_indices", state_indices, shape=(None,), dtypes=INDEX_DTYPES,
                  device=dev, dims="[bs]")  # fmt: skip
     bs = state_indices.shape[0]
+    check_rows(op, bs)
     check_tensor(op, "inter_ssm", inter_ssm, shape=(layers, bs, None, *ssm_pool.shape[2:]),
                  dtypes=(ssm_pool.dtype,), device=dev,
                  dims="[layers, bs, T, nheads, headdim, dstate]")  # fmt: skip
@@ -349,19 +421,22 @@ def spec_commit(
         check_tensor(op, "track_token", track_token, shape=(bs,), dtypes=INDEX_DTYPES,
                      device=dev, dims="[bs]")  # fmt: skip
     which = resolve(op, impl, dev)
-    if is_debug():
-        _debug_check_commit(
-            op, slots, T, state_indices, accepted_index, track_indices, track_mask, track_token
-        )
+    seen = observed(ssm_pool)
+    if is_debug() or (not seen and dev.type == "cpu"):
+        _check_commit_ids(
+            op, slots, pad_slot_id, T, state_indices, accepted_index, track_indices,
+            track_mask, track_token, collisions=is_debug(),
+        )  # fmt: skip
+    errors = record_for(ssm_pool)
     if which == "reference":
         spec_commit_reference(
             conv_pool, ssm_pool, inter_conv, inter_ssm, state_indices, accepted_index,
-            track_indices, track_mask, track_token,
+            track_indices, track_mask, track_token, pad_slot_id=pad_slot_id, errors=errors,
         )  # fmt: skip
         return
-    run = torch.ops.hybridmeta.spec_commit if observed(ssm_pool) else _spec_commit_impl
+    run = torch.ops.hybridmeta.spec_commit if seen else _spec_commit_impl
     run(conv_pool, ssm_pool, inter_conv, inter_ssm, state_indices, accepted_index, track_indices,
-        track_mask, track_token)  # fmt: skip
+        track_mask, track_token, pad_slot_id, errors)  # fmt: skip
 
 
 def spec_commit_from_metadata(
@@ -409,40 +484,70 @@ def spec_commit_from_metadata(
     spec_commit(
         conv_pool, ssm_pool, inter_conv, inter_ssm, state_indices=cmd.mamba_cache_indices,
         accepted_index=cmd.accepted_index, track_indices=track, track_mask=mask,
-        track_token=token, impl=impl,
+        track_token=token, impl=impl, pad_slot_id=pad_slot_of(cmd),
     )  # fmt: skip
 
 
-def _check_columns(op: str, name: str, cols: torch.Tensor, active: torch.Tensor, T: int) -> None:
-    bad = active & ((cols < -1) | (cols >= T))
-    if bool(bad.any()):
-        row = int(bad.nonzero()[0, 0])
-        raise ValueError(
-            f"{op}: `{name}` values must be -1 or a draft column in [0, T={T}); row {row} "
-            f"holds {int(cols[row])}"
-        )
-
-
-def _debug_check_commit(
-    op: str,
+def commit_faults(
     slots: int,
+    pad: int,
     T: int,
     src: torch.Tensor,
     acc: torch.Tensor,
     track: torch.Tensor | None,
     mask: torch.Tensor | None,
     token: torch.Tensor | None,
-) -> None:
-    check_index_range(op, "state_indices", src, slots)
-    live = src >= 0
-    _check_columns(op, "accepted_index", acc, live, T)
-    writes = [("state_indices", src, live & (acc >= 0))]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """A commit's rows judged as the kernel judges them, in torch (no sync).
+
+    Returns ``(keys, commit, track_commit)``: the per-row fault keys (fields: working slot,
+    accepted column, track slot, boundary column), the rows that copy their accepted
+    column into the working slot and those that copy their boundary column into the
+    track slot (``None`` without track fields). A row with any fault copies nothing.
+    """
+    src_pad, src_ok = slot_kinds(src, slots, pad)
+    a = acc.long()
+    faults = [(~src_pad & ~src_ok, 0, src), (src_ok & ((a < -1) | (a >= T)), 1, a)]
+    trk_ok: torch.Tensor | None = None
+    k: torch.Tensor | None = None
     if track is not None and mask is not None and token is not None:
-        check_index_range(op, "track_indices", track, slots)
-        flagged = live & mask
-        _check_columns(op, "track_token", token, flagged, T)
-        writes.append(("track_indices", track, flagged & (token >= 0)))
-    # Only the intermediate buffers are read, so the one hazard is two rows writing one slot.
+        trk_pad, trk_ok = slot_kinds(track, slots, pad)
+        k = token.long()
+        on = src_ok & mask
+        faults.append((on & ~trk_pad & ~trk_ok, 2, track))
+        faults.append((on & trk_ok & ((k < -1) | (k >= T)), 3, k))
+        trk_ok = on & trk_ok
+    keys = fault_keys(faults)
+    live = src_ok & (keys == NO_FAULT)
+    commit = live & (a >= 0)
+    if trk_ok is None or k is None:
+        return keys, commit, None
+    return keys, commit, live & trk_ok & (k >= 0)
+
+
+def _check_commit_ids(
+    op: str,
+    slots: int,
+    pad: int,
+    T: int,
+    src: torch.Tensor,
+    acc: torch.Tensor,
+    track: torch.Tensor | None,
+    mask: torch.Tensor | None,
+    token: torch.Tensor | None,
+    *,
+    collisions: bool,
+) -> None:
+    """Host check of a commit's ids (reads them: CPU tensors, or debug mode): the kernel's
+    rules, raised as :class:`SlotIndexError`; with ``collisions`` also two rows writing one
+    slot (only the intermediate buffers are read, so that is the one hazard)."""
+    keys, commit, track_commit = commit_faults(slots, pad, T, src, acc, track, mask, token)
+    host_check(op, keys, pad, (slots, T, slots, T))
+    if not collisions:
+        return
+    writes = [("state_indices", src, commit)]
+    if track is not None and track_commit is not None:
+        writes.append(("track_indices", track, track_commit))
     check_disjoint_writes(op, writes, None)
 
 
@@ -503,20 +608,30 @@ def spec_commit_reference(
     track_indices: torch.Tensor | None = None,
     track_mask: torch.Tensor | None = None,
     track_token: torch.Tensor | None = None,
+    *,
+    pad_slot_id: int = -1,
+    errors: torch.Tensor | None = None,
 ) -> None:
     """The pure-torch commit, in place: the accepted (and boundary) blocks copied into the
-    working (and track) slots of every layer. Fixed shapes, no device-to-host reads."""
+    working (and track) slots of every layer. Fixed shapes, no device-to-host reads. A row
+    with an invalid id or column commits nothing and is recorded in ``errors`` (default:
+    the device's record), as the kernel does."""
     T = inter_ssm.shape[2]
-    live = state_indices >= 0
+    slots = ssm_pool.shape[1]
+    keys, commit, track_commit = commit_faults(
+        slots, pad_slot_id, T, state_indices, accepted_index, track_indices, track_mask,
+        track_token,
+    )  # fmt: skip
     rows = torch.arange(state_indices.shape[0], device=state_indices.device)
-    acc = accepted_index.long()
-    ok = live & (acc >= 0) & (acc < T)
-    writes = [(state_indices, acc, ok)]
-    if track_indices is not None and track_mask is not None and track_token is not None:
-        tok = track_token.long()
-        tr = live & track_mask.bool() & (track_indices >= 0) & (tok >= 0) & (tok < T)
-        writes.append((track_indices, tok, tr))
-    for slots, cols, write in writes:
-        for pool, inter in ((conv_pool, inter_conv), (ssm_pool, inter_ssm)):
-            values = inter[:, rows, cols.clamp(0, T - 1)].movedim(1, 0)  # [bs, layers, ...]
-            scatter_rows_(pool, 1, slots, values, write)
+    writes = [(state_indices, accepted_index.long(), commit)]
+    if track_indices is not None and track_token is not None and track_commit is not None:
+        writes.append((track_indices, track_token.long(), track_commit))
+    if T:
+        for idx, cols, write in writes:
+            for pool, inter in ((conv_pool, inter_conv), (ssm_pool, inter_ssm)):
+                values = inter[:, rows, cols.clamp(0, T - 1)].movedim(1, 0)  # [bs, layers, ...]
+                scatter_rows_(pool, 1, idx, values, write)
+    record_(
+        errors if errors is not None else record_for(ssm_pool), _OP, keys, pad_slot_id,
+        (slots, T, slots, T),
+    )  # fmt: skip

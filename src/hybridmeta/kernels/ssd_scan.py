@@ -51,10 +51,48 @@ import torch
 import triton
 import triton.language as tl
 
+from hybridmeta.debug import is_debug
 from hybridmeta.kernels._config import cdiv, pow2_ceil
-from hybridmeta.kernels._dispatch import Impl, _interpreting, resolve
-from hybridmeta.kernels._math import SSMParams, process_dt
+from hybridmeta.kernels._dispatch import Impl, _interpreting, observed, resolve
+from hybridmeta.kernels._errors import NO_FAULT, host_check, record_, record_for
+from hybridmeta.kernels._math import SSMParams, index_copy_rows_, process_dt
+from hybridmeta.kernels._validate import (
+    FLOAT_DTYPES,
+    check_pool,
+    check_slots,
+    check_tensor,
+    pad_slot_of,
+    prefill_slot_faults,
+)
 from hybridmeta.model import ChunkPlan, Mamba2Metadata, MixedMetadata
+
+_OP = "ssd_chunked_scan"
+
+
+@attrs.frozen
+class _SlotGuard:
+    """The prefill rows' working slots judged (``prefill_slot_faults``, no sync): fault
+    keys, the pad id, slots safe to index with, the rows that read an initial state, the
+    rows that write their final state and the rows poisoned (an invalid slot: their
+    initial state is NaN, they write nothing)."""
+
+    keys: torch.Tensor
+    pad: int
+    safe: torch.Tensor
+    has_init: torch.Tensor
+    write: torch.Tensor
+    bad: torch.Tensor
+
+    @staticmethod
+    def of(md: Mamba2Metadata, ssm_state: torch.Tensor) -> _SlotGuard:
+        assert md.mixed is not None
+        slots = md.prefill_slots
+        pad = pad_slot_of(md)
+        keys, read, write = prefill_slot_faults(ssm_state.shape[0], pad, slots)
+        return _SlotGuard(
+            keys=keys, pad=pad, safe=torch.where(read, slots, 0),
+            has_init=md.mixed.has_initial_states & read, write=write, bad=keys != NO_FAULT,
+        )  # fmt: skip
 
 __all__ = [
     "SSDScanOutput",
@@ -173,7 +211,10 @@ def finish_scan(
     mixed = md.mixed
     assert mixed is not None
     final = state_out.index_select(0, mixed.chunks.row_last_chunk)  # [R, H, P, N]
-    ssm_state.index_copy_(0, md.prefill_slots, final.to(ssm_state.dtype))
+    guard = _SlotGuard.of(md, ssm_state)
+    # Rows with a valid slot only: a pad row writes nothing, nor does an invalid one.
+    index_copy_rows_(ssm_state, md.prefill_slots, final, guard.write)
+    record_(record_for(ssm_state), _OP, guard.keys, guard.pad, ssm_state.shape[0])
     tracked_h = state_out.index_select(0, mixed.track.h_chunk)
     if mixed.track.num_recompute:  # host-side: most steps have no off-grid boundary
         recomputed = recompute_states(x, B, *grid, state_in, mixed)
@@ -235,7 +276,29 @@ def _check_scan_inputs(
             f"ssd_chunked_scan: ssm_state must be [slots, H, P, N] = [*, {H}, {P}, {N}], got "
             f"{tuple(ssm_state.shape)}"
         )
+    check_pool(_OP, "ssm_state", ssm_state, dims="[slots, H, P, N]")
+    check_slots(_OP, "ssm_state", ssm_state.shape[0])
+    dev = ssm_state.device
+    for name, t, shape, dims in (
+        ("x", x, (T, H, P), "[T, H, P]"), ("dt", dt, (T, H), "[T, H]"),
+        ("B", B, (T, G, N), "[T, G, N]"), ("C", C, (T, G, N), "[T, G, N]"),
+    ):  # fmt: skip
+        check_tensor(_OP, name, t, shape=shape, dtypes=FLOAT_DTYPES, device=dev, dims=dims)
+    if md.prefill_slots.device != dev:
+        raise ValueError(
+            f"{_OP}: the metadata's slots must be on the pool's device {dev}, got "
+            f"{md.prefill_slots.device}"
+        )
     return H, P, G, N
+
+
+def _check_params(params: object, H: int, dev: torch.device) -> None:
+    """The layer's parameters: :class:`SSMParams` of ``[H]`` float tensors on ``dev``."""
+    if not isinstance(params, SSMParams):
+        raise TypeError(f"{_OP}: `params` must be an SSMParams, got {type(params).__name__}")
+    for name in ("A", "D", "dt_bias"):
+        check_tensor(_OP, f"params.{name}", getattr(params, name), shape=(H,),
+                     dtypes=FLOAT_DTYPES, device=dev, dims="[nheads]")  # fmt: skip
 
 
 def ssd_chunked_scan_reference(
@@ -291,9 +354,15 @@ def ssd_chunked_scan_reference(
     ).reshape(NL, H, P, N)
     a = torch.exp(Acum[:, -1, :])  # [NL, H]
 
-    # 3. initial states: pool rows gathered (zero where the row has none), then the scan.
-    h0 = ssm_state.index_select(0, md.prefill_slots).float()  # [R, H, P, N]
-    h0 = torch.where(mixed.has_initial_states[:, None, None, None], h0, 0.0)
+    # 3. initial states: pool rows gathered (zero where the row has none, or has the pad
+    # id; NaN where its slot is invalid: nothing read), then the scan.
+    guard = _SlotGuard.of(md, ssm_state)
+    if ssm_state.shape[0]:
+        h0 = ssm_state.index_select(0, guard.safe).float()  # [R, H, P, N]
+    else:
+        h0 = torch.zeros(guard.safe.shape[0], H, P, N, device=dev)
+    h0 = torch.where(guard.has_init[:, None, None, None], h0, 0.0)
+    h0 = torch.where(guard.bad[:, None, None, None], float("nan"), h0)
     h0c = h0.index_select(0, chunks.row)  # [NL, H, P, N]
     first = chunks.first
     S = torch.where(first[:, None, None, None], S + a[:, :, None, None] * h0c, S)
@@ -416,6 +485,7 @@ def _state_passing_kernel(
     row_ptr: tl.tensor,
     slot_ptr: tl.tensor,
     has_init_ptr: tl.tensor,
+    bad_ptr: tl.tensor,
     pool_ptr: tl.tensor,
     sin_ptr: tl.tensor,
     sout_ptr: tl.tensor,
@@ -448,7 +518,9 @@ def _state_passing_kernel(
         lim = tl.where((first != 0) & (has != 0), dim, 0)
         p_h0 = pool_ptr + slot * stride_pool_slot + i_h * stride_pool_h
         b_h0 = tl.load(p_h0 + o_p * stride_pool_p + o_n * stride_pool_n, mask=o < lim, other=0.0)
-        b_prev = tl.where(first != 0, b_h0.to(tl.float32), b_state)
+        # A row with an invalid slot (never read: `has` is false there) starts from NaN.
+        b_h0 = tl.where(tl.load(bad_ptr + row) != 0, float("nan"), b_h0.to(tl.float32))
+        b_prev = tl.where(first != 0, b_h0, b_state)
         a = tl.exp(tl.load(acum_ptr + i_ch * chunk_size + chunk_size - 1))
         b_s = tl.load(S_ptr + i_ch * dim + o, mask=m, other=0.0)
         b_state = a * b_prev + b_s
@@ -609,14 +681,16 @@ def _ssd_chunked_scan_triton(
     )
     state_in = torch.empty_like(S)
     state_out = torch.empty_like(S)
+    guard = _SlotGuard.of(md, ssm_state)  # the slots the kernel may read, the rows poisoned
     BLOCK = 1024 if not _interpreting() else 64
     _state_passing_kernel[(H, cdiv(P * N, BLOCK))](
         S_ptr=S,
         acum_ptr=acum_t,
         first_ptr=chunks.first,
         row_ptr=chunks.row,
-        slot_ptr=md.prefill_slots,
-        has_init_ptr=mixed.has_initial_states,
+        slot_ptr=guard.safe,
+        has_init_ptr=guard.has_init,
+        bad_ptr=guard.bad,
         pool_ptr=ssm_state,
         sin_ptr=state_in,
         sout_ptr=state_out,
@@ -718,8 +792,26 @@ def ssd_chunked_scan(
     Returns
     -------
     SSDScanOutput
+
+    Raises
+    ------
+    TypeError, ValueError
+        A bad argument (the message names it), including a pool of a non-float dtype, on
+        another device or aliasing itself, or parameters that are not ``[H]``. Nothing is
+        written.
+    SlotIndexError
+        A prefill slot that is neither the metadata's pad id nor in ``[0, slots)``, when the
+        slots can be read without a sync (CPU tensors outside a graph capture) or in debug
+        mode. Nothing is written. Otherwise (on the device) such a row reads and writes no
+        state, its outputs are NaN, and the fault goes to the device's error record.
     """
-    _check_scan_inputs(x, dt, B, C, md, ssm_state)
+    H = _check_scan_inputs(x, dt, B, C, md, ssm_state)[0]
+    _check_params(params, H, ssm_state.device)
+    if md.mixed is not None and (
+        is_debug() or (ssm_state.device.type == "cpu" and not observed(ssm_state))
+    ):
+        guard = _SlotGuard.of(md, ssm_state)
+        host_check(_OP, guard.keys, guard.pad, ssm_state.shape[0])
     if resolve("ssd_chunked_scan", impl, x.device) == "reference":
         return ssd_chunked_scan_reference(
             x, dt, B, C, params=params, md=md, ssm_state=ssm_state,

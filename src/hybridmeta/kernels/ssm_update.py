@@ -47,6 +47,17 @@ import triton.language as tl
 from hybridmeta.debug import is_debug
 from hybridmeta.kernels._config import SsmLaunchConfig, cdiv, pow2_ceil, ssm_launch_config
 from hybridmeta.kernels._dispatch import Impl, no_output_fake, observed, resolve
+from hybridmeta.kernels._errors import (
+    MAX_ROWS,
+    NO_FAULT,
+    TAG,
+    fault_keys,
+    host_check,
+    record_,
+    record_for,
+    report,
+    valid_slot,
+)
 from hybridmeta.kernels._launch import DirectLauncher, device_capacity
 from hybridmeta.kernels._math import discretize, scatter_rows_, ssm_step
 from hybridmeta.kernels._validate import (
@@ -54,13 +65,20 @@ from hybridmeta.kernels._validate import (
     INDEX_DTYPES,
     MASK_DTYPES,
     NO_DT_LIMIT,
+    PAD_MAX,
+    PAD_MIN,
     check_disjoint_writes,
     check_dt_limit,
-    check_index_range,
     check_optional,
+    check_pad_slot_id,
     check_pool,
+    check_rows,
+    check_slots,
     check_tensor,
     decode_rows,
+    non_overlapping,
+    pad_slot_of,
+    slot_kinds,
 )
 from hybridmeta.model import Mamba2Metadata
 
@@ -74,9 +92,61 @@ __all__ = [
 
 _FLOAT: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
 _INDEX: tuple[torch.dtype, ...] = (torch.int32, torch.int64)
+_OP = "ssm_state_update"
+_TAG: tl.constexpr = tl.constexpr(TAG[_OP])
 
 
-@triton.jit(do_not_specialize=["bs", "rows_per_prog"])
+@triton.jit  # type: ignore[arg-type]  # a helper returning values; the stub types kernels
+def _row_slots(
+    i_b: tl.tensor,
+    src_ptr: tl.tensor,
+    dst_ptr: tl.tensor,
+    track_idx_ptr: tl.tensor,
+    track_mask_ptr: tl.tensor,
+    err_ptr: tl.tensor,
+    pad_id: tl.tensor,
+    n_slots: tl.tensor,
+    HAS_DST: tl.constexpr,
+    HAS_TRACK: tl.constexpr,
+) -> tuple[tl.tensor, tl.tensor, tl.tensor, tl.tensor, tl.tensor, tl.tensor, tl.tensor]:
+    """Row ``i_b``'s slots (int64) and what it may do, per-row scalars only.
+
+    Returns ``(src, dst, trk, live, write, track, bad)``: ``live`` the row reads its source
+    slot, ``write`` / ``track`` it stores into ``dst`` / ``trk``, ``bad`` it holds an id that
+    is neither the pad id nor a valid slot (its source, its destination, or its track slot
+    when flagged): such a row reads and writes no state, its output is NaN, and the fault
+    goes to the error record (a pad row's other ids are never looked at).
+    """
+    src = tl.load(src_ptr + i_b).to(tl.int64)
+    src_ok = valid_slot(src, pad_id, n_slots)
+    bad = (src != pad_id) & (src_ok == 0)
+    if HAS_DST:
+        dst = tl.load(dst_ptr + i_b).to(tl.int64)
+        dst_ok = valid_slot(dst, pad_id, n_slots)
+        bad_dst = src_ok & (dst != pad_id) & (dst_ok == 0)
+        bad = bad | bad_dst
+    else:
+        dst = src
+        dst_ok = src_ok
+        bad_dst = src_ok & (src_ok == 0)
+    if HAS_TRACK:
+        flag = tl.load(track_mask_ptr + i_b) != 0
+        trk = tl.load(track_idx_ptr + i_b).to(tl.int64)
+        trk_ok = flag & valid_slot(trk, pad_id, n_slots)
+        bad = bad | (src_ok & flag & (trk != pad_id) & (trk_ok == 0))
+    else:
+        trk = src
+        trk_ok = src_ok & (src_ok == 0)
+    if bad:
+        report(
+            err_ptr, _TAG, i_b, tl.where(src_ok, tl.where(bad_dst, 1, 2), 0),
+            tl.where(src_ok, tl.where(bad_dst, dst, trk), src), pad_id, n_slots,
+        )  # fmt: skip
+    live = src_ok & (bad == 0)
+    return src, dst, trk, live, live & dst_ok, live & trk_ok, bad
+
+
+@triton.jit(do_not_specialize=["bs", "rows_per_prog", "pad_id", "n_slots"])
 def _ssm_update_kernel(
     state_ptr: tl.tensor,
     x_ptr: tl.tensor,
@@ -92,10 +162,13 @@ def _ssm_update_kernel(
     dst_ptr: tl.tensor,
     track_idx_ptr: tl.tensor,
     track_mask_ptr: tl.tensor,
+    err_ptr: tl.tensor,
     dt_min: tl.tensor,
     dt_max: tl.tensor,
     bs: tl.tensor,
     rows_per_prog: tl.tensor,
+    pad_id: tl.tensor,
+    n_slots: tl.tensor,
     headdim: tl.tensor,
     dstate: tl.tensor,
     heads_per_group: tl.tensor,
@@ -156,14 +229,15 @@ def _ssm_update_kernel(
             # for a block of pad rows: the tail of a bucket's CUDA graph).
             o_r = r0 + tl.arange(0, ROW_BLOCK)  # [R]
             m_r = o_r < r1
-            v_src = tl.load(src_ptr + o_r, mask=m_r, other=-1)  # [R]
-            m_pad = m_r & (v_src < 0)
+            v_src = tl.load(src_ptr + o_r, mask=m_r, other=0).to(tl.int64)  # [R]
+            # Pad rows here; rows with any other id (valid or not) take the row body.
+            m_pad = m_r & (v_src == pad_id)
             tl.store(
                 out_ptr + o_r[:, None] * stride_o_b + o_out[None, :],
                 tl.zeros([ROW_BLOCK, BLOCK_P], dtype=out_ptr.dtype.element_ty),
                 mask=m_pad[:, None] & m_p[None, :],
             )
-            v_live = m_r & (v_src >= 0)
+            v_live = m_r & (v_src != pad_id)
             r_lo = tl.min(tl.where(v_live, o_r, r1), axis=0)
             r_hi = tl.max(tl.where(v_live, o_r + 1, r0), axis=0)
         else:
@@ -173,13 +247,14 @@ def _ssm_update_kernel(
             # The row body is the one-program-per-row kernel of docs/kernels.md: every load
             # issued at once, the row's liveness folded into the masks (a pad row's state
             # masks are empty: no state byte moves), no branch around the loads.
-            src = tl.load(src_ptr + b).to(tl.int64)
-            live = src >= 0
+            src, dst, trk, live, m_write, m_track, bad = _row_slots(
+                b, src_ptr, dst_ptr, track_idx_ptr, track_mask_ptr, err_ptr, pad_id, n_slots,
+                HAS_DST, HAS_TRACK,
+            )  # fmt: skip
             # Row predicates enter masks as a bound on the headdim offset (a pad row's bound
             # is 0): the Triton interpreter mistypes `block_mask & scalar_mask`.
             lim_read = tl.where(live, headdim, 0)
-            dst = tl.load(dst_ptr + b).to(tl.int64) if HAS_DST else src
-            lim_write = tl.where(dst >= 0, lim_read, 0)
+            lim_write = tl.where(m_write, headdim, 0)
             b_s = tl.load(
                 state_ptr + src * stride_s_slot + o_s,
                 mask=(o_p < lim_read)[:, None] & m_n[None, :],
@@ -218,8 +293,9 @@ def _ssm_update_kernel(
                 ).to(tl.float32)
                 b_o *= b_z * tl.sigmoid(b_z)
             # A pad row's inputs may be garbage (even NaN): select, never multiply, to zero
-            # it (a pad row in a block with live rows is zeroed twice: same bytes).
-            b_o = tl.where(live, b_o, 0.0)
+            # it (a pad row in a block with live rows is zeroed twice: same bytes); a row
+            # with an invalid id is poisoned.
+            b_o = tl.where(live, b_o, tl.where(bad, float("nan"), 0.0))
             tl.store(out_ptr + b * stride_o_b + o_out, b_o.to(out_ptr.dtype.element_ty), mask=m_p)
 
             b_new = b_s.to(state_ptr.dtype.element_ty)
@@ -229,9 +305,7 @@ def _ssm_update_kernel(
                 mask=(o_p < lim_write)[:, None] & m_n[None, :],
             )
             if HAS_TRACK:
-                flag = tl.load(track_mask_ptr + b) != 0
-                trk = tl.load(track_idx_ptr + b).to(tl.int64)
-                lim_track = tl.where(flag, tl.where(trk >= 0, lim_read, 0), 0)
+                lim_track = tl.where(m_track, headdim, 0)
                 tl.store(
                     state_ptr + trk * stride_s_slot + o_s,
                     b_new,
@@ -261,12 +335,13 @@ def ssm_args_ok(
     track: object,
     mask: object,
     out: object,
+    pad: object = -1,
 ) -> bool:
     """Fast path of the public op's validation: ``True`` only if every check passes.
 
     One expression, no messages; stricter than the detailed checks in
     :func:`_check_ssm_args` (which run when this says ``False`` and
-    name the broken rule). Reads shapes, dtypes and devices only.
+    name the broken rule). Reads shapes, strides, dtypes and devices only.
     """
     T = torch.Tensor
     if not (
@@ -281,13 +356,18 @@ def ssm_args_ok(
         return False
     if state.dim() != 4 or x.dim() != 3 or B.dim() != 3:
         return False
-    _, nheads, headdim, dstate = state.shape
+    slots, nheads, headdim, dstate = state.shape
     bs = x.shape[0]
     ngroups = B.shape[1]
     dev = state.get_device()
     f = _FLOAT
     if not (
         state.dtype in f
+        and type(pad) is int
+        and PAD_MIN <= pad <= PAD_MAX
+        and slots <= PAD_MAX
+        and bs < MAX_ROWS
+        and non_overlapping(state.shape, state.stride())
         and x.shape == (bs, nheads, headdim)
         and x.dtype in f
         and x.get_device() == dev
@@ -366,8 +446,11 @@ def _ssm_tile_row(
     dst_ptr: tl.tensor,
     track_idx_ptr: tl.tensor,
     track_mask_ptr: tl.tensor,
+    err_ptr: tl.tensor,
     dt_min: tl.tensor,
     dt_max: tl.tensor,
+    pad_id: tl.tensor,
+    n_slots: tl.tensor,
     headdim: tl.tensor,
     dstate: tl.tensor,
     heads_per_group: tl.tensor,
@@ -406,13 +489,14 @@ def _ssm_tile_row(
     row's state masks are empty: no state byte moves), no branch around the loads."""
     i_g = i_h // heads_per_group
 
-    src = tl.load(src_ptr + i_b).to(tl.int64)
-    live = src >= 0
-    dst = tl.load(dst_ptr + i_b).to(tl.int64) if HAS_DST else src
+    src, dst, trk, live, m_write, m_track, bad = _row_slots(
+        i_b, src_ptr, dst_ptr, track_idx_ptr, track_mask_ptr, err_ptr, pad_id, n_slots,
+        HAS_DST, HAS_TRACK,
+    )  # fmt: skip
     # Row predicates enter masks as a bound on the headdim offset (a pad row's bound is 0):
     # the Triton interpreter mistypes `block_mask & scalar_mask`.
     lim_read = tl.where(live, headdim, 0)
-    lim_write = tl.where(dst >= 0, lim_read, 0)
+    lim_write = tl.where(m_write, headdim, 0)
 
     o_p = i_p * BLOCK_P + tl.arange(0, BLOCK_P)  # [BP]
     o_n = tl.arange(0, BLOCK_N)  # [BN]
@@ -455,8 +539,9 @@ def _ssm_tile_row(
             z_ptr + i_b * stride_z_b + i_h * stride_z_h + o_p * stride_z_p, mask=m_p, other=0.0
         ).to(tl.float32)
         b_o *= b_z * tl.sigmoid(b_z)
-    # A pad row's inputs may be garbage (even NaN): select, never multiply, to zero it.
-    b_o = tl.where(live, b_o, 0.0)
+    # A pad row's inputs may be garbage (even NaN): select, never multiply, to zero it; a
+    # row with an invalid id is poisoned.
+    b_o = tl.where(live, b_o, tl.where(bad, float("nan"), 0.0))
     tl.store(
         out_ptr + i_b * stride_o_b + i_h * stride_o_h + o_p * stride_o_p,
         b_o.to(out_ptr.dtype.element_ty),
@@ -468,9 +553,7 @@ def _ssm_tile_row(
         state_ptr + dst * stride_s_slot + o_s, b_new, mask=(o_p < lim_write)[:, None] & m_n[None, :]
     )
     if HAS_TRACK:
-        flag = tl.load(track_mask_ptr + i_b) != 0
-        trk = tl.load(track_idx_ptr + i_b).to(tl.int64)
-        lim_track = tl.where(flag, tl.where(trk >= 0, lim_read, 0), 0)
+        lim_track = tl.where(m_track, headdim, 0)
         tl.store(
             state_ptr + trk * stride_s_slot + o_s,
             b_new,
@@ -497,8 +580,11 @@ def _ssm_tile_row_outlined(
     dst_ptr: tl.tensor,
     track_idx_ptr: tl.tensor,
     track_mask_ptr: tl.tensor,
+    err_ptr: tl.tensor,
     dt_min: tl.tensor,
     dt_max: tl.tensor,
+    pad_id: tl.tensor,
+    n_slots: tl.tensor,
     headdim: tl.tensor,
     dstate: tl.tensor,
     heads_per_group: tl.tensor,
@@ -539,8 +625,8 @@ def _ssm_tile_row_outlined(
     kernel's own, which the callee reads from the kernel's parameter space."""
     _ssm_tile_row(
         i_b, i_p, i_h, state_ptr, x_ptr, dt_ptr, dt_bias_ptr, A_ptr, B_ptr, C_ptr, D_ptr,
-        z_ptr, out_ptr, src_ptr, dst_ptr, track_idx_ptr, track_mask_ptr, dt_min, dt_max,
-        headdim, dstate, heads_per_group, stride_s_slot, stride_s_h, stride_s_p, stride_s_n,
+        z_ptr, out_ptr, src_ptr, dst_ptr, track_idx_ptr, track_mask_ptr, err_ptr, dt_min,
+        dt_max, pad_id, n_slots, headdim, dstate, heads_per_group, stride_s_slot, stride_s_h, stride_s_p, stride_s_n,
         stride_x_b, stride_x_h, stride_x_p, stride_dt_b, stride_dt_h, stride_B_b, stride_B_g,
         stride_B_n, stride_C_b, stride_C_g, stride_C_n, stride_z_b, stride_z_h, stride_z_p,
         stride_o_b, stride_o_h, stride_o_p, DT_SOFTPLUS, HAS_DT_BIAS, HAS_D, HAS_Z, HAS_DST,
@@ -548,7 +634,7 @@ def _ssm_tile_row_outlined(
     )  # fmt: skip
 
 
-@triton.jit(do_not_specialize=["bs"])
+@triton.jit(do_not_specialize=["bs", "pad_id", "n_slots"])
 def _ssm_update_tile_kernel(
     state_ptr: tl.tensor,
     x_ptr: tl.tensor,
@@ -564,6 +650,7 @@ def _ssm_update_tile_kernel(
     dst_ptr: tl.tensor,
     track_idx_ptr: tl.tensor,
     track_mask_ptr: tl.tensor,
+    err_ptr: tl.tensor,
     dt_min: tl.tensor,
     dt_max: tl.tensor,
     headdim: tl.tensor,
@@ -592,8 +679,11 @@ def _ssm_update_tile_kernel(
     stride_o_p: tl.tensor,
     # Last of the runtime arguments: one row a program never reads it, and there it leaves
     # the PTX of the other arguments' loads as it was (placed after `dt_max` it moved
-    # ptxas' fp32 one-warp tracked variant from 96 to 127 registers, Triton 3.6).
+    # ptxas' fp32 one-warp tracked variant from 96 to 127 registers, Triton 3.6). The pad
+    # id and the pool's slots (the row body's bound checks) follow it.
     bs: tl.tensor,
+    pad_id: tl.tensor,
+    n_slots: tl.tensor,
     DT_SOFTPLUS: tl.constexpr,
     HAS_DT_BIAS: tl.constexpr,
     HAS_D: tl.constexpr,
@@ -613,21 +703,22 @@ def _ssm_update_tile_kernel(
         i_h = tl.program_id(2).to(tl.int64)
         o_r = row0 + tl.arange(0, ROWS)  # [R]
         m_r = o_r < bs
-        v_src = tl.load(src_ptr + o_r, mask=m_r, other=-1)  # [R]
+        v_src = tl.load(src_ptr + o_r, mask=m_r, other=0).to(tl.int64)  # [R]
         o_p = i_p * BLOCK_P + tl.arange(0, BLOCK_P)  # [BP]
+        # Pad rows here; rows with any other id (valid or not) take the row body.
         tl.store(
             out_ptr + o_r[:, None] * stride_o_b + (i_h * stride_o_h + o_p * stride_o_p)[None, :],
             tl.zeros([ROWS, BLOCK_P], dtype=out_ptr.dtype.element_ty),
-            mask=(m_r & (v_src < 0))[:, None] & (o_p < headdim)[None, :],
+            mask=(m_r & (v_src == pad_id))[:, None] & (o_p < headdim)[None, :],
         )
-        v_live = m_r & (v_src >= 0)
+        v_live = m_r & (v_src != pad_id)
         r_lo = tl.min(tl.where(v_live, o_r, row0 + ROWS), axis=0)
         r_hi = tl.max(tl.where(v_live, o_r + 1, row0), axis=0)
         for i_b in tl.range(r_lo, r_hi, num_stages=1):
             _ssm_tile_row_outlined(
                 i_b, i_p, i_h, state_ptr, x_ptr, dt_ptr, dt_bias_ptr, A_ptr, B_ptr, C_ptr, D_ptr,
-                z_ptr, out_ptr, src_ptr, dst_ptr, track_idx_ptr, track_mask_ptr, dt_min, dt_max,
-                headdim, dstate, heads_per_group, stride_s_slot, stride_s_h, stride_s_p,
+                z_ptr, out_ptr, src_ptr, dst_ptr, track_idx_ptr, track_mask_ptr, err_ptr, dt_min,
+                dt_max, pad_id, n_slots, headdim, dstate, heads_per_group, stride_s_slot, stride_s_h, stride_s_p,
                 stride_s_n, stride_x_b, stride_x_h, stride_x_p, stride_dt_b, stride_dt_h,
                 stride_B_b, stride_B_g, stride_B_n, stride_C_b, stride_C_g, stride_C_n,
                 stride_z_b, stride_z_h, stride_z_p, stride_o_b, stride_o_h, stride_o_p,
@@ -641,8 +732,8 @@ def _ssm_update_tile_kernel(
         i_h = tl.program_id(2).to(tl.int64)
         _ssm_tile_row(
             i_b, i_p, i_h, state_ptr, x_ptr, dt_ptr, dt_bias_ptr, A_ptr, B_ptr, C_ptr, D_ptr,
-            z_ptr, out_ptr, src_ptr, dst_ptr, track_idx_ptr, track_mask_ptr, dt_min, dt_max,
-            headdim, dstate, heads_per_group, stride_s_slot, stride_s_h, stride_s_p,
+            z_ptr, out_ptr, src_ptr, dst_ptr, track_idx_ptr, track_mask_ptr, err_ptr, dt_min,
+            dt_max, pad_id, n_slots, headdim, dstate, heads_per_group, stride_s_slot, stride_s_h, stride_s_p,
             stride_s_n, stride_x_b, stride_x_h, stride_x_p, stride_dt_b, stride_dt_h,
             stride_B_b, stride_B_g, stride_B_n, stride_C_b, stride_C_g, stride_C_n,
             stride_z_b, stride_z_h, stride_z_p, stride_o_b, stride_o_h, stride_o_p,
@@ -670,6 +761,8 @@ def launch_ssm_update(
     track_mask: torch.Tensor | None,
     dt_limit: tuple[float, float] = NO_DT_LIMIT,
     config: SsmLaunchConfig | None = None,
+    pad_slot_id: int = -1,
+    errors: torch.Tensor | None = None,
 ) -> None:
     """Launch the SSM update on already validated tensors (no allocation, no checks).
 
@@ -686,24 +779,30 @@ def launch_ssm_update(
     B, C : torch.Tensor
         ``[bs, ngroups, dstate]``.
     src_indices, dst_indices, track_indices, track_mask : torch.Tensor
-        ``[bs]``, contiguous; ``-1`` marks a pad row (source) or "write nothing"
-        (destination, track).
+        ``[bs]``, contiguous; ``pad_slot_id`` marks a pad row (source) or "write nothing"
+        (destination, track); any other id outside ``[0, slots)`` is a fault (the row
+        writes nothing, its output is NaN, ``errors`` records it).
     dt_limit : tuple of float
         ``(lo, hi)`` clamp of the discretised ``dt`` (checked: ``lo <= hi``).
     config : SsmLaunchConfig, optional
         Kernel, tile shape, warps, row splits and rows a program; the default is picked
         from the state dtype and shapes (row splits from the device's capacity).
+    pad_slot_id : int
+        The pad id (int32).
+    errors : torch.Tensor, optional
+        The error record (default: the device's, :func:`hybridmeta.kernels.error_record`).
     """
     bs = x.shape[0]
     if bs == 0:
         return
-    _, nheads, headdim, dstate = state.shape
+    err = errors if errors is not None else record_for(state)
+    n_slots, nheads, headdim, dstate = state.shape
     ngroups = B.shape[1]
     cfg = config if config is not None else ssm_launch_config(state.dtype, headdim, dstate)
     if not cfg.walks_rows(bs):
         _launch_tiles(
             state, x, dt, A, B, C, out, src_indices, D, z, dt_bias, dt_softplus, dst_indices,
-            track_indices, track_mask, dt_limit, cfg,
+            track_indices, track_mask, dt_limit, cfg, pad_slot_id, err,
         )  # fmt: skip
         return
     block_p = cfg.block_p
@@ -722,7 +821,7 @@ def launch_ssm_update(
     ptrs = (
         state.data_ptr(), x.data_ptr(), dt.data_ptr(), _ptr(dt_bias), A.data_ptr(),
         B.data_ptr(), C.data_ptr(), _ptr(D), _ptr(z), out.data_ptr(), src_indices.data_ptr(),
-        _ptr(dst_indices), _ptr(track_indices), _ptr(track_mask),
+        _ptr(dst_indices), _ptr(track_indices), _ptr(track_mask), err.data_ptr(),
     )  # fmt: skip
     aligned = True
     for p in ptrs:
@@ -753,12 +852,13 @@ def launch_ssm_update(
 
     def fast_args() -> tuple[object, ...]:
         # Positional order of the kernel; constexpr positions are ignored by the launcher.
-        return (*ptrs, *dt_limit, bs, rows_per_prog, *ints, *flags)
+        return (*ptrs, *dt_limit, bs, rows_per_prog, pad_slot_id, n_slots, *ints, *flags)
 
     def slow(g: tuple[int, int, int]) -> object:
         return _ssm_update_kernel[g](
             state, x, dt, dt_bias, A, B, C, D, z, out, src_indices, dst_indices,
-            track_indices, track_mask, *dt_limit, bs, rows_per_prog, *ints,
+            track_indices, track_mask, err, *dt_limit, bs, rows_per_prog, pad_slot_id,
+            n_slots, *ints,
             DT_SOFTPLUS=dt_softplus, HAS_DT_BIAS=dt_bias is not None, HAS_D=D is not None,
             HAS_Z=z is not None, HAS_DST=dst_indices is not None,
             HAS_TRACK=track_indices is not None, N_PTILES=n_ptiles, BLOCK_P=block_p,
@@ -792,11 +892,13 @@ def _launch_tiles(
     track_mask: torch.Tensor | None,
     dt_limit: tuple[float, float],
     cfg: SsmLaunchConfig,
+    pad_slot_id: int,
+    err: torch.Tensor,
 ) -> None:
     """One ``[block_p, dstate]`` tile of one head of ``cfg.rows_per_program(bs)`` rows a
     program."""
     bs = x.shape[0]
-    _, nheads, headdim, dstate = state.shape
+    n_slots, nheads, headdim, dstate = state.shape
     ngroups = B.shape[1]
     dev = state.get_device()
     rows = cfg.rows_per_program(bs)
@@ -813,7 +915,7 @@ def _launch_tiles(
     ptrs = (
         state.data_ptr(), x.data_ptr(), dt.data_ptr(), _ptr(dt_bias), A.data_ptr(),
         B.data_ptr(), C.data_ptr(), _ptr(D), _ptr(z), out.data_ptr(), src_indices.data_ptr(),
-        _ptr(dst_indices), _ptr(track_indices), _ptr(track_mask),
+        _ptr(dst_indices), _ptr(track_indices), _ptr(track_mask), err.data_ptr(),
     )  # fmt: skip
     aligned = all(p is None or not p & 15 for p in ptrs)
     # `bs` is not in the key: the kernel never specialises on it (one variant for every batch
@@ -831,12 +933,12 @@ def _launch_tiles(
     opts: dict[str, int] = {} if cfg.max_regs is None else {"maxnreg": cfg.max_regs}
 
     def fast_args() -> tuple[object, ...]:
-        return (*ptrs, *dt_limit, *ints, bs, *flags)
+        return (*ptrs, *dt_limit, *ints, bs, pad_slot_id, n_slots, *flags)
 
     def slow(g: tuple[int, int, int]) -> object:
         return _ssm_update_tile_kernel[g](
             state, x, dt, dt_bias, A, B, C, D, z, out, src_indices, dst_indices,
-            track_indices, track_mask, *dt_limit, *ints, bs,
+            track_indices, track_mask, err, *dt_limit, *ints, bs, pad_slot_id, n_slots,
             DT_SOFTPLUS=dt_softplus, HAS_DT_BIAS=dt_bias is not None, HAS_D=D is not None,
             HAS_Z=z is not None, HAS_DST=dst_indices is not None,
             HAS_TRACK=track_indices is not None, BLOCK_P=cfg.block_p, BLOCK_N=flags[7],
@@ -867,17 +969,22 @@ def _ssm_state_update_impl(
     track_mask: torch.Tensor | None,
     dt_min: float,
     dt_max: float,
+    pad_slot_id: int,
+    errors: torch.Tensor,
 ) -> None:
     # The launcher makes the tensors' device current itself (only when it is not).
     launch_ssm_update(
         state, x, dt, A, B, C, out, src_indices,
         D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus, dst_indices=dst_indices,
         track_indices=track_indices, track_mask=track_mask, dt_limit=(dt_min, dt_max),
+        pad_slot_id=pad_slot_id, errors=errors,
     )  # fmt: skip
 
 
 _ssm_state_update_op = torch.library.custom_op(
-    "hybridmeta::ssm_state_update", _ssm_state_update_impl, mutates_args=("state", "out")
+    "hybridmeta::ssm_state_update",
+    _ssm_state_update_impl,
+    mutates_args=("state", "out", "errors"),
 )
 
 _ssm_state_update_op.register_fake(no_output_fake)
@@ -904,22 +1011,67 @@ def ssm_state_update_reference(
     track_indices: torch.Tensor | None = None,
     track_mask: torch.Tensor | None = None,
     dt_limit: tuple[float, float] | None = None,
+    pad_slot_id: int = -1,
+    errors: torch.Tensor | None = None,
 ) -> None:
     """The pure-torch SSM update: the kernel's contract, in place, on validated tensors.
 
     Fixed shapes and no device-to-host reads, so it captures into CUDA graphs (and the CPU
     emulation) like the kernel. Math in fp32, cast where the kernel casts: the new state to
-    the pool's dtype, the output to ``out``'s.
+    the pool's dtype, the output to ``out``'s. Rows with an invalid id (neither
+    ``pad_slot_id`` nor a valid slot) read and write no state, get NaN output and are
+    recorded in ``errors`` (default: the device's record), as the kernel does.
     """
-    live = src_indices >= 0  # [bs]
+    slots = state.shape[0]
+    keys, live, write, track_write = ssm_faults(
+        slots, pad_slot_id, src_indices, dst_indices, track_indices, track_mask
+    )
     safe = torch.where(live, src_indices, 0)
-    s = torch.where(live[:, None, None, None], state.index_select(0, safe).float(), 0.0)
+    if slots:
+        s = torch.where(live[:, None, None, None], state.index_select(0, safe).float(), 0.0)
+    else:
+        s = torch.zeros(state.shape[1:], device=state.device).expand(x.shape[0], -1, -1, -1)
     new, y = ssm_step(s, x, discretize(dt, dt_bias, dt_softplus, dt_limit), A, B, C, D, z)
-    out.copy_(torch.where(live[:, None, None], y, 0.0).to(out.dtype))
+    bad = keys != NO_FAULT
+    poison = torch.where(bad, float("nan"), 0.0)[:, None, None]
+    out.copy_(torch.where(live[:, None, None], y, poison).to(out.dtype))
     dst = dst_indices if dst_indices is not None else src_indices
-    scatter_rows_(state, 0, dst, new, live & (dst >= 0))
-    if track_indices is not None and track_mask is not None:
-        scatter_rows_(state, 0, track_indices, new, live & track_mask & (track_indices >= 0))
+    scatter_rows_(state, 0, dst, new, write)
+    if track_indices is not None and track_write is not None:
+        scatter_rows_(state, 0, track_indices, new, track_write)
+    record_(errors if errors is not None else record_for(state), _OP, keys, pad_slot_id, slots)
+
+
+def ssm_faults(
+    slots: int,
+    pad: int,
+    src: torch.Tensor,
+    dst: torch.Tensor | None,
+    track: torch.Tensor | None,
+    mask: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The rows' ids judged as the kernel judges them, in torch (no sync).
+
+    Returns ``(keys, live, write, track_write)``: the per-row fault keys
+    (:func:`hybridmeta.kernels._errors.fault_keys`), the rows that read their source, write
+    their destination, write their track slot (``None`` without track fields). A pad row's
+    other ids, and an unflagged row's track slot, are never looked at; a row with any
+    invalid id reads and writes nothing.
+    """
+    src_pad, src_ok = slot_kinds(src, slots, pad)
+    faults = [(~src_pad & ~src_ok, 0, src)]
+    dst_ok = src_ok
+    if dst is not None:
+        dst_pad, dst_ok = slot_kinds(dst, slots, pad)
+        faults.append((src_ok & ~dst_pad & ~dst_ok, 1, dst))
+    trk_ok: torch.Tensor | None = None
+    if track is not None and mask is not None:
+        trk_pad, trk_ok = slot_kinds(track, slots, pad)
+        faults.append((src_ok & mask & ~trk_pad & ~trk_ok, 2, track))
+        trk_ok = trk_ok & mask
+    keys = fault_keys(faults)
+    live = src_ok & (keys == NO_FAULT)
+    return keys, live, live & dst_ok, None if trk_ok is None else live & trk_ok
 
 
 # --------------------------------------------------------------------------- public op
@@ -944,10 +1096,11 @@ def ssm_state_update(
     track_mask: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     impl: Impl | None = None,
+    pad_slot_id: int = -1,
 ) -> torch.Tensor:
     """Mamba2 single-token SSM state update over a slot pool, in place.
 
-    For each live row ``b`` (``state_indices[b] >= 0``) and head ``h`` (group
+    For each live row ``b`` (``state_indices[b]`` a valid slot) and head ``h`` (group
     ``g = h // (nheads // ngroups)``)::
 
         dt'  = softplus(dt[b, h] + dt_bias[h])          # bias / softplus optional
@@ -956,7 +1109,15 @@ def ssm_state_update(
         out  = (s @ C[b, g]) + D[h] * x[b, h]            # then * silu(z[b, h]) if z given
         state[dst] = s;  state[track[b]] = s if track_mask[b]
 
-    Pad rows (``state_indices[b] == -1``) read and write no state and get zero output.
+    Slot ids: a pad row (``state_indices[b] == pad_slot_id``) reads and writes no state and
+    gets zero output (its other ids are not looked at); a *valid* slot is
+    ``0 <= id < slots`` and ``id != pad_slot_id`` (so with vLLM's ``pad_slot_id=0`` slot 0
+    is a reserved null slot, never written); ``pad_slot_id`` as a destination or track
+    slot means "none". A row holding any other id (source, destination, or the track slot
+    of a flagged row) reads and writes no state, gets NaN output, and the fault goes to
+    the device's error record (:func:`hybridmeta.kernels.check_errors`); with CPU index
+    tensors (nothing to sync) or in debug mode the op raises
+    :class:`~hybridmeta.kernels.SlotIndexError` instead, before writing.
 
     Parameters
     ----------
@@ -971,7 +1132,7 @@ def ssm_state_update(
     B, C : torch.Tensor
         ``[bs, ngroups, dstate]``; ``nheads % ngroups == 0``.
     state_indices : torch.Tensor
-        ``[bs]`` int32/int64: source slot of each row, ``-1`` for a pad row.
+        ``[bs]`` int32/int64: source slot of each row, ``pad_slot_id`` for a pad row.
     D, dt_bias : torch.Tensor, optional
         ``[nheads]``.
     z : torch.Tensor, optional
@@ -981,10 +1142,11 @@ def ssm_state_update(
     dt_limit : tuple of float, optional
         ``(lo, hi)``: clamp the discretised ``dt`` to ``[lo, hi]`` (Mamba2's
         ``time_step_limit``; a model's ``time_step_min`` floor is ``(min, inf)``), inside
-        the kernel, so the caller needs no softplus / clamp kernels of its own.
+        the kernel, so the caller needs no softplus / clamp kernels of its own. ``lo``
+        finite and ``>= 0``, ``lo <= hi`` (``hi`` may be inf).
     dst_indices : torch.Tensor, optional
-        ``[bs]`` slot to write the new state to (default: the source slot); ``-1`` writes
-        no state for that row.
+        ``[bs]`` slot to write the new state to (default: the source slot);
+        ``pad_slot_id`` writes no state for that row.
     track_indices, track_mask : torch.Tensor, optional
         Both or neither. ``[bs]`` track slot and bool flag: flagged live rows also store the
         new state into their track slot in the same pass.
@@ -993,6 +1155,9 @@ def ssm_state_update(
     impl : {"auto", "triton", "reference"}, optional
         The implementation (default: :func:`hybridmeta.kernels.implementation`'s, else
         Triton on CUDA and the reference elsewhere).
+    pad_slot_id : int
+        The pad id (int32; default ``-1``), also the "none" of ``dst_indices`` and
+        ``track_indices``.
 
     Returns
     -------
@@ -1002,35 +1167,43 @@ def ssm_state_update(
     Raises
     ------
     TypeError, ValueError
-        On any argument that breaks the rules above (message names it); in debug mode also
-        on an index outside ``[-1, slots)`` or two rows writing one slot. Nothing is written.
+        On any argument that breaks the rules above (message names it), including a pool
+        that aliases itself. Nothing is written.
+    SlotIndexError
+        An invalid id, when the ids can be read without a sync (CPU tensors outside a
+        graph capture) or in debug mode (which also refuses two rows writing one slot, or
+        a row writing a slot another row reads). Nothing is written.
     """
-    op = "ssm_state_update"
+    op = _OP
     lim = NO_DT_LIMIT if dt_limit is None else check_dt_limit(op, dt_limit)
     # One cheap expression first; the detailed checks only run (and name the broken rule)
     # when it fails, so a valid call pays a few microseconds of host time.
     if not ssm_args_ok(state, x, dt, A, B, C, state_indices, D, z, dt_bias, dst_indices,
-                       track_indices, track_mask, out):  # fmt: skip
+                       track_indices, track_mask, out, pad_slot_id):  # fmt: skip
         _check_ssm_args(op, state, x, dt, A, B, C, state_indices, D, z, dt_bias, dst_indices,
-                        track_indices, track_mask, out)  # fmt: skip
+                        track_indices, track_mask, out, pad_slot_id)  # fmt: skip
     which = resolve(op, impl, state.device)
-    if is_debug():
-        _debug_check_ssm(
-            op, state.shape[0], state_indices, dst_indices, track_indices, track_mask
-        )
+    seen = observed(state)
+    if is_debug() or (not seen and state.device.type == "cpu"):
+        _check_ssm_ids(
+            op, state.shape[0], pad_slot_id, state_indices, dst_indices, track_indices,
+            track_mask, collisions=is_debug(),
+        )  # fmt: skip
     if out is None:
         out = torch.empty_like(x)
+    errors = record_for(state)
     if which == "reference":
         ssm_state_update_reference(
             state, x, dt, A, B, C, out, state_indices, D=D, z=z, dt_bias=dt_bias,
             dt_softplus=dt_softplus, dst_indices=dst_indices, track_indices=track_indices,
             track_mask=track_mask, dt_limit=None if dt_limit is None else lim,
+            pad_slot_id=pad_slot_id, errors=errors,
         )  # fmt: skip
         return out
-    run = torch.ops.hybridmeta.ssm_state_update if observed(state) else _ssm_state_update_impl
+    run = torch.ops.hybridmeta.ssm_state_update if seen else _ssm_state_update_impl
     run(
         state, x, dt, A, B, C, out, state_indices, D, z, dt_bias, dt_softplus,
-        dst_indices, track_indices, track_mask, *lim,
+        dst_indices, track_indices, track_mask, *lim, pad_slot_id, errors,
     )  # fmt: skip
     return out
 
@@ -1051,14 +1224,18 @@ def _check_ssm_args(
     track_indices: torch.Tensor | None,
     track_mask: torch.Tensor | None,
     out: torch.Tensor | None,
+    pad_slot_id: object = -1,
 ) -> None:
     """The detailed checks of :func:`ssm_state_update`: raise naming the broken rule."""
+    check_pad_slot_id(op, pad_slot_id)
     state = check_pool(op, "state", state, dims="[slots, nheads, headdim, dstate]")
     dev = state.device
-    _, nheads, headdim, dstate = state.shape
+    slots, nheads, headdim, dstate = state.shape
+    check_slots(op, "state", slots)
     x = check_tensor(op, "x", x, shape=(None, nheads, headdim), dtypes=FLOAT_DTYPES, device=dev,
                      dims="[bs, nheads, headdim]")  # fmt: skip
     bs = x.shape[0]
+    check_rows(op, bs)
     check_tensor(
         op, "dt", dt, shape=(bs, nheads), dtypes=FLOAT_DTYPES, device=dev, dims="[bs, nheads]"
     )
@@ -1092,25 +1269,28 @@ def _check_ssm_args(
                      dims="[bs, nheads, headdim]")  # fmt: skip
 
 
-def _debug_check_ssm(
+def _check_ssm_ids(
     op: str,
     slots: int,
+    pad: int,
     src: torch.Tensor,
     dst: torch.Tensor | None,
     track: torch.Tensor | None,
     mask: torch.Tensor | None,
+    *,
+    collisions: bool,
 ) -> None:
-    check_index_range(op, "state_indices", src, slots)
-    live = src >= 0
-    writes: list[tuple[str, torch.Tensor, torch.Tensor]] = []
-    if dst is not None:
-        check_index_range(op, "dst_indices", dst, slots)
-        writes.append(("dst_indices", dst, live))
-    else:
-        writes.append(("state_indices", src, live))
-    if track is not None and mask is not None:
-        check_index_range(op, "track_indices", track, slots)
-        writes.append(("track_indices", track, live & mask))
+    """Host check of the ids (reads them: CPU tensors, or debug mode): the kernel's rules,
+    raised as :class:`SlotIndexError`; with ``collisions`` also two rows writing one slot
+    or a row writing a slot another row reads."""
+    keys, live, write, track_write = ssm_faults(slots, pad, src, dst, track, mask)
+    host_check(op, keys, pad, slots)
+    if not collisions:
+        return
+    writes = [("dst_indices" if dst is not None else "state_indices",
+               dst if dst is not None else src, write)]  # fmt: skip
+    if track is not None and track_write is not None:
+        writes.append(("track_indices", track, track_write))
     check_disjoint_writes(op, writes, ("state_indices", src, live))
 
 
@@ -1137,7 +1317,8 @@ def ssm_state_update_from_metadata(
 ) -> torch.Tensor:
     """:func:`ssm_state_update` of the decode rows of ``md`` (rows after its prefill rows).
 
-    The slots are ``md.mamba_cache_indices`` of the decode rows. With ``fuse_track`` (and a
+    The slots are ``md.mamba_cache_indices`` of the decode rows (the rows of
+    ``md.decode_rows()``), the pad id the metadata's declared null slot. With ``fuse_track`` (and a
     forward that saves, ``md.has_mamba_track_mask``), rows flagged in ``mamba_track_mask``
     also store their new SSM state into their ``mamba_track_indices`` slot in the same pass
     (the conv state is then the caller's to save).
@@ -1151,6 +1332,6 @@ def ssm_state_update_from_metadata(
     return ssm_state_update(
         state, x, dt, A, B, C, state_indices=md.mamba_cache_indices[rows], D=D, z=z,
         dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit, track_indices=track,
-        track_mask=mask, out=out, impl=impl,
+        track_mask=mask, out=out, impl=impl, pad_slot_id=pad_slot_of(md),
     )  # fmt: skip
 

@@ -28,17 +28,33 @@ import triton.language as tl
 from hybridmeta.debug import is_debug
 from hybridmeta.kernels._config import SsmLaunchConfig, cdiv, pow2_ceil
 from hybridmeta.kernels._dispatch import Impl, no_output_fake, observed, on_device, resolve
+from hybridmeta.kernels._errors import (
+    NO_FAULT,
+    TAG,
+    SlotIndexError,
+    fault_keys,
+    least_fault,
+    record_,
+    record_for,
+    report,
+    valid_slot,
+)
 from hybridmeta.kernels._math import discretize, ssm_step
 from hybridmeta.kernels._validate import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
     NO_DT_LIMIT,
     check_dt_limit,
-    check_index_range,
+    check_no_alias,
     check_optional,
+    check_pad_slot_id,
     check_pool,
+    check_rows,
     check_slot_contiguous,
+    check_slots,
     check_tensor,
+    pad_slot_of,
+    slot_kinds,
     verify_rows,
 )
 from hybridmeta.model import Mamba2Metadata
@@ -67,9 +83,66 @@ def ssm_verify_launch_config(headdim: int, dstate: int) -> SsmLaunchConfig:
     return SsmLaunchConfig(block_p=max(block_p, 1), num_warps=1)
 
 
+_OP = "ssm_verify_update"
+_TAG: tl.constexpr = tl.constexpr(TAG[_OP])
+
+
+@triton.jit  # type: ignore[arg-type]  # a helper returning values; the stub types kernels
+def verify_row_check(
+    i_b: tl.tensor,
+    src: tl.tensor,
+    ndraft_ptr: tl.tensor,
+    parent_ptr: tl.tensor,
+    err_ptr: tl.tensor,
+    T: tl.tensor,
+    pad_id: tl.tensor,
+    n_slots: tl.tensor,
+    stride_par_b: tl.tensor,
+    stride_par_t: tl.tensor,
+    REPORT: tl.tensor,
+    TAG_: tl.constexpr,
+    HAS_PARENT: tl.constexpr,
+    HAS_NDRAFT: tl.constexpr,
+) -> tuple[tl.tensor, tl.tensor, tl.tensor]:
+    """A verify row's ids judged (per-row scalars; shared by the SSM and conv verify).
+
+    Returns ``(live, bad, n_live)``: the row reads its working slot (``src`` valid, its
+    live count in ``[0, T]``, every live column's parent ``-1`` or an earlier column),
+    it holds an invalid id (NaN output, nothing stored, recorded when ``REPORT``), and its
+    live columns (``0`` unless ``live``).
+    """
+    src_ok = valid_slot(src, pad_id, n_slots)
+    bad_s = (src != pad_id) & (src_ok == 0)
+    T64 = T.to(tl.int64)
+    if HAS_NDRAFT:
+        n_live = tl.load(ndraft_ptr + i_b).to(tl.int64)
+        bad_n = src_ok & ((n_live < 0) | (n_live > T64))
+    else:
+        n_live = T64
+        bad_n = bad_s & (bad_s == 0)
+    bad_p = bad_s & (bad_s == 0)
+    v_p = src * 0
+    if HAS_PARENT:
+        # Every live column's parent, before anything is stored: a bad one poisons the row.
+        for t in tl.range(0, T):
+            par = tl.load(parent_ptr + i_b * stride_par_b + t * stride_par_t).to(tl.int64)
+            here = src_ok & (bad_n == 0) & (t < n_live) & ((par < -1) | (par >= t))
+            v_p = tl.where(here & (bad_p == 0), par, v_p)
+            bad_p = bad_p | here
+    bad = bad_s | bad_n | bad_p
+    if bad & REPORT:
+        report(
+            err_ptr, TAG_, i_b, tl.where(bad_s, 0, tl.where(bad_n, 1, 2)),
+            tl.where(bad_s, src, tl.where(bad_n, n_live, v_p)), pad_id,
+            tl.where(bad_s, n_slots, T64),
+        )  # fmt: skip
+    live = src_ok & (bad == 0)
+    return live, bad, tl.where(live, n_live, 0)
+
+
 # T and the parent array's row stride (T when dense) are runtime values: a new draft
 # length must not compile a new variant (Triton specialises integers equal to 1).
-@triton.jit(do_not_specialize=["T", "stride_par_b"])
+@triton.jit(do_not_specialize=["T", "stride_par_b", "pad_id", "n_slots"])
 def _ssm_verify_kernel(
     state_ptr: tl.tensor,
     x_ptr: tl.tensor,
@@ -85,9 +158,12 @@ def _ssm_verify_kernel(
     src_ptr: tl.tensor,
     parent_ptr: tl.tensor,
     ndraft_ptr: tl.tensor,
+    err_ptr: tl.tensor,
     dt_min: tl.tensor,
     dt_max: tl.tensor,
     T: tl.tensor,
+    pad_id: tl.tensor,
+    n_slots: tl.tensor,
     headdim: tl.tensor,
     dstate: tl.tensor,
     heads_per_group: tl.tensor,
@@ -138,10 +214,12 @@ def _ssm_verify_kernel(
     i_g = i_h // heads_per_group
 
     src = tl.load(src_ptr + i_b).to(tl.int64)
-    live = src >= 0
-    n_live = tl.load(ndraft_ptr + i_b).to(tl.int64) if HAS_NDRAFT else T.to(tl.int64)
-    # A pad row has no live column: nothing is read or stored, its output is zero.
-    n_live = tl.where(live, n_live, 0)
+    # A pad row has no live column: nothing is read or stored, its output is zero; a row
+    # with an invalid id neither (its output is NaN). One program of the row reports it.
+    live, bad, n_live = verify_row_check(
+        i_b, src, ndraft_ptr, parent_ptr, err_ptr, T, pad_id, n_slots, stride_par_b,
+        stride_par_t, (i_p == 0) & (i_h == 0), _TAG, HAS_PARENT, HAS_NDRAFT,
+    )  # fmt: skip
     # Row predicates enter masks as a bound on the headdim offset (a pad row's bound is 0):
     # the Triton interpreter mistypes `block_mask & scalar_mask`.
     lim_read = tl.where(live, headdim, 0)
@@ -226,7 +304,7 @@ def _ssm_verify_kernel(
             ).to(tl.float32)
             b_o *= b_z * tl.sigmoid(b_z)
         # Pad rows and columns past the live count: select, never multiply (inputs may be NaN).
-        b_o = tl.where(t < n_live, b_o, 0.0)
+        b_o = tl.where(t < n_live, b_o, tl.where(bad, float("nan"), 0.0))
         tl.store(
             out_ptr + i_b * stride_o_b + t * stride_o_t + i_h * stride_o_h + o_p * stride_o_p,
             b_o.to(out_ptr.dtype.element_ty),
@@ -263,6 +341,8 @@ def launch_ssm_verify(
     num_draft: torch.Tensor | None,
     dt_limit: tuple[float, float] = NO_DT_LIMIT,
     config: SsmLaunchConfig | None = None,
+    pad_slot_id: int = -1,
+    errors: torch.Tensor | None = None,
 ) -> None:
     """Launch the verify update on already validated tensors (no allocation, no checks).
 
@@ -281,19 +361,24 @@ def launch_ssm_verify(
     inter : torch.Tensor
         ``[bs, T, nheads, headdim, dstate]``, each ``[b, t]`` block dense; written.
     state_indices : torch.Tensor
-        ``[bs]`` working slot of each row, ``-1`` for a pad row.
+        ``[bs]`` working slot of each row, ``pad_slot_id`` for a pad row.
     parent, num_draft : torch.Tensor or None
         ``[bs, T]`` parent token (``-1`` root) and ``[bs]`` live draft columns.
     dt_limit : tuple of float
         ``(lo, hi)`` clamp of the discretised ``dt`` (checked: ``lo <= hi``).
     config : SsmLaunchConfig, optional
         Tile shape and warps; default :func:`ssm_verify_launch_config`.
+    pad_slot_id : int
+        The pad id (int32).
+    errors : torch.Tensor, optional
+        The error record (default: the device's).
     """
     bs, T = x.shape[:2]
-    _, nheads, headdim, dstate = state.shape
+    n_slots, nheads, headdim, dstate = state.shape
     ngroups = B.shape[2]
     if bs == 0 or T == 0:
         return
+    err = errors if errors is not None else record_for(state)
     cfg = config if config is not None else ssm_verify_launch_config(headdim, dstate)
     z_strides = z.stride() if z is not None else (0, 0, 0, 0)
     par_strides = parent.stride() if parent is not None else (0, 0)
@@ -313,9 +398,12 @@ def launch_ssm_verify(
         src_ptr=state_indices,
         parent_ptr=parent,
         ndraft_ptr=num_draft,
+        err_ptr=err,
         dt_min=dt_limit[0],
         dt_max=dt_limit[1],
         T=T,
+        pad_id=pad_slot_id,
+        n_slots=n_slots,
         headdim=headdim,
         dstate=dstate,
         heads_per_group=nheads // ngroups,
@@ -383,17 +471,19 @@ def _ssm_verify_impl(
     num_draft: torch.Tensor | None,
     dt_min: float,
     dt_max: float,
+    pad_slot_id: int,
+    errors: torch.Tensor,
 ) -> None:
     with on_device(state.device):
         launch_ssm_verify(
             state, x, dt, A, B, C, out, inter, state_indices, D=D, z=z, dt_bias=dt_bias,
             dt_softplus=dt_softplus, parent=parent, num_draft=num_draft,
-            dt_limit=(dt_min, dt_max),
+            dt_limit=(dt_min, dt_max), pad_slot_id=pad_slot_id, errors=errors,
         )  # fmt: skip
 
 
 _ssm_verify_op = torch.library.custom_op(
-    "hybridmeta::ssm_verify_update", _ssm_verify_impl, mutates_args=("out", "inter")
+    "hybridmeta::ssm_verify_update", _ssm_verify_impl, mutates_args=("out", "inter", "errors")
 )
 
 _ssm_verify_op.register_fake(no_output_fake)
@@ -421,10 +511,11 @@ def ssm_verify_update(
     num_draft: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     impl: Impl | None = None,
+    pad_slot_id: int = -1,
 ) -> torch.Tensor:
     """Mamba2 SSM verify update: ``T`` draft tokens per row, the state after each kept.
 
-    For each live row ``b`` (``state_indices[b] >= 0``), each live column
+    For each live row ``b`` (``state_indices[b]`` a valid slot), each live column
     ``t < num_draft[b]`` in order, and head ``h`` (group ``g = h // (nheads // ngroups)``)::
 
         s0   = state[state_indices[b]]                    # the working slot, never written
@@ -437,8 +528,16 @@ def ssm_verify_update(
 
     A chain (``parent`` not given) is the tree ``parent[b, t] = t - 1``; the root of a tree
     (``parent[b, t] == -1``, ``retrieve_parent_token`` convention) starts from the working
-    slot, and several roots are allowed. Pad rows and columns ``t >= num_draft[b]`` read no
-    state, write nothing to ``inter`` and get zero output. The pool is only read.
+    slot, and several roots are allowed. Pad rows (``state_indices[b] == pad_slot_id``) and
+    columns ``t >= num_draft[b]`` read no state, write nothing to ``inter`` and get zero
+    output. The pool is only read. A row whose working slot is neither the pad id nor
+    valid (``0 <= id < slots``, ``id != pad_slot_id``), whose ``num_draft`` lies outside
+    ``[0, T]``, or whose live column has a parent that is neither ``-1`` nor an earlier
+    column, reads no state, writes nothing to ``inter``, gets NaN output in every column,
+    and the fault goes to the device's error record
+    (:func:`hybridmeta.kernels.check_errors`); with CPU index tensors (outside a graph
+    capture) or in debug mode the op raises :class:`~hybridmeta.kernels.SlotIndexError`
+    instead, before writing.
 
     Parameters
     ----------
@@ -453,7 +552,7 @@ def ssm_verify_update(
     B, C : torch.Tensor
         ``[bs, T, ngroups, dstate]``; ``nheads % ngroups == 0``.
     state_indices : torch.Tensor
-        ``[bs]`` int32/int64: working slot of each row, ``-1`` for a pad row.
+        ``[bs]`` int32/int64: working slot of each row, ``pad_slot_id`` for a pad row.
     inter : torch.Tensor
         ``[bs, T, nheads, headdim, dstate]`` in ``state.dtype``, each ``[b, t]`` block dense
         (e.g. the ``[:bs, :T]`` view of a ``[max_bs, max_draft, ...]`` buffer); the state
@@ -477,6 +576,8 @@ def ssm_verify_update(
         ``[bs, T, nheads, headdim]`` in ``x.dtype``; allocated if not given.
     impl : {"auto", "triton", "reference"}, optional
         The implementation (see :func:`hybridmeta.kernels.implementation`).
+    pad_slot_id : int
+        The pad id (int32; default ``-1``).
 
     Returns
     -------
@@ -486,18 +587,23 @@ def ssm_verify_update(
     Raises
     ------
     TypeError, ValueError
-        On any argument that breaks the rules above (the message names it); in debug mode
-        also on an index outside ``[-1, slots)``, a parent that is not ``-1`` or an earlier
-        column, or ``num_draft`` outside ``[0, T]``. Nothing is written.
+        On any argument that breaks the rules above (the message names it), including a
+        pool or ``inter`` that aliases itself. Nothing is written.
+    SlotIndexError
+        An invalid id, count or parent, when they can be read without a sync (CPU tensors
+        outside a graph capture) or in debug mode. Nothing is written.
     """
-    op = "ssm_verify_update"
+    op = _OP
     lim = NO_DT_LIMIT if dt_limit is None else check_dt_limit(op, dt_limit)
+    check_pad_slot_id(op, pad_slot_id)
     state = check_pool(op, "state", state, dims="[slots, nheads, headdim, dstate]")
     dev = state.device
     slots, nheads, headdim, dstate = state.shape
+    check_slots(op, "state", slots)
     x = check_tensor(op, "x", x, shape=(None, None, nheads, headdim), dtypes=FLOAT_DTYPES,
                      device=dev, dims="[bs, T, nheads, headdim]")  # fmt: skip
     bs, T = x.shape[:2]
+    check_rows(op, bs)
     if T < 1:
         raise ValueError(f"{op}: `x` must have at least one draft column (T >= 1), got T={T}")
     check_tensor(op, "dt", dt, shape=(bs, T, nheads), dtypes=FLOAT_DTYPES, device=dev,
@@ -520,6 +626,7 @@ def ssm_verify_update(
     check_tensor(op, "inter", inter, shape=(bs, T, nheads, headdim, dstate), dtypes=(state.dtype,),
                  device=dev, dims="[bs, T, nheads, headdim, dstate]")  # fmt: skip
     check_slot_contiguous(op, "inter", inter, 2)
+    check_no_alias(op, "inter", inter)
     check_optional(op, "parent", parent, shape=(bs, T), dtypes=INDEX_DTYPES, device=dev,
                    dims="[bs, T]")  # fmt: skip
     check_optional(op, "num_draft", num_draft, shape=(bs,), dtypes=INDEX_DTYPES, device=dev,
@@ -528,22 +635,24 @@ def ssm_verify_update(
         check_tensor(op, "out", out, shape=(bs, T, nheads, headdim), dtypes=(x.dtype,),
                      device=dev, dims="[bs, T, nheads, headdim]")  # fmt: skip
     which = resolve(op, impl, dev)
-    if is_debug():
-        check_index_range(op, "state_indices", state_indices, slots)
-        check_draft_indices(op, state_indices >= 0, T, parent, num_draft)
+    seen = observed(state)
+    if is_debug() or (not seen and dev.type == "cpu"):
+        check_verify_ids(op, slots, pad_slot_id, T, state_indices, parent, num_draft)
     if out is None:
         out = torch.empty_like(x)
+    errors = record_for(state)
     if which == "reference":
         ssm_verify_update_reference(
             state, x, dt, A, B, C, out, inter, state_indices, D=D, z=z, dt_bias=dt_bias,
             dt_softplus=dt_softplus, parent=parent, num_draft=num_draft,
-            dt_limit=None if dt_limit is None else lim,
+            dt_limit=None if dt_limit is None else lim, pad_slot_id=pad_slot_id,
+            errors=errors,
         )  # fmt: skip
         return out
-    run = torch.ops.hybridmeta.ssm_verify_update if observed(state) else _ssm_verify_impl
+    run = torch.ops.hybridmeta.ssm_verify_update if seen else _ssm_verify_impl
     run(
         state, x, dt, A, B, C, out, inter, state_indices, D, z, dt_bias, dt_softplus, parent,
-        num_draft, *lim,
+        num_draft, *lim, pad_slot_id, errors,
     )  # fmt: skip
     return out
 
@@ -586,43 +695,71 @@ def ssm_verify_update_from_metadata(
     return ssm_verify_update(
         state, x, dt, A, B, C, state_indices=md.mamba_cache_indices, inter=inter, D=D, z=z,
         dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit,
-        parent=md.retrieve_parent_token, out=out, impl=impl,
+        parent=md.retrieve_parent_token, out=out, impl=impl, pad_slot_id=pad_slot_of(md),
     )  # fmt: skip
 
 
-def check_draft_indices(
-    op: str,
-    live: torch.Tensor,
+def verify_faults(
+    slots: int,
+    pad: int,
     T: int,
+    src: torch.Tensor,
+    parent: torch.Tensor | None,
+    num_draft: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A verify's rows judged as the kernels judge them, in torch (no sync).
+
+    Returns ``(keys, live, n)``: per-row fault keys (fields: the working slot, the live
+    count, the first bad parent of a live column), the rows that read their working slot,
+    and their live columns (``0`` unless live).
+    """
+    src_pad, src_ok = slot_kinds(src, slots, pad)
+    faults = [(~src_pad & ~src_ok, 0, src)]
+    n = num_draft.long() if num_draft is not None else torch.full_like(src, T).long()
+    ok_n = src_ok
+    if num_draft is not None:
+        bad_n = src_ok & ((n < 0) | (n > T))
+        faults.append((bad_n, 1, n))
+        ok_n = src_ok & ~bad_n
+    if parent is not None:
+        cols = torch.arange(T, device=src.device)
+        par = parent.long()
+        bad_c = (ok_n[:, None] & (cols[None, :] < n[:, None])) & (
+            (par < -1) | (par >= cols[None, :])
+        )  # [bs, T]
+        first = torch.where(bad_c, cols[None, :], T).amin(1).clamp(max=T - 1)  # [bs]
+        faults.append((bad_c.any(1), 2, par.gather(1, first[:, None])[:, 0]))
+    keys = fault_keys(faults)
+    live = src_ok & (keys == NO_FAULT)
+    return keys, live, torch.where(live, n, 0)
+
+
+def check_verify_ids(
+    op: str,
+    slots: int,
+    pad: int,
+    T: int,
+    src: torch.Tensor,
     parent: torch.Tensor | None,
     num_draft: torch.Tensor | None,
 ) -> None:
-    """Debug-mode check (syncs) of a draft tree and live counts, for live rows only.
-
-    ``num_draft[b]`` must lie in ``[0, T]``; ``parent[b, t]`` of a live column must be ``-1``
-    or an earlier column (``0 <= parent[b, t] < t``): tokens topologically ordered.
-    """
-    n = torch.full_like(live, T, dtype=torch.int64)
-    if num_draft is not None:
-        bad = live & ((num_draft < 0) | (num_draft > T))
-        if bool(bad.any()):
-            row = int(bad.nonzero()[0, 0])
-            raise ValueError(
-                f"{op}: `num_draft` values must be in [0, T={T}]; row {row} holds "
-                f"{int(num_draft[row])}"
-            )
-        n = num_draft.to(torch.int64)
-    if parent is None:
+    """Host check of a verify's ids (reads them: CPU tensors, or debug mode): the kernels'
+    rules, the least faulty row raised as :class:`SlotIndexError` (a parent names its
+    column)."""
+    keys, _, _ = verify_faults(slots, pad, T, src, parent, num_draft)
+    fault = least_fault(op, keys, pad, (slots, T, T))
+    if fault is None:
         return
-    cols = torch.arange(T, device=live.device)
-    live_cols = live[:, None] & (cols[None, :] < n[:, None])  # [bs, T]
-    bad = live_cols & ((parent < -1) | (parent >= cols[None, :]))
-    if bool(bad.any()):
-        row, col = (int(v) for v in bad.nonzero()[0])
-        raise ValueError(
+    if fault.field == "parent" and parent is not None:
+        row = fault.row
+        cols = [t for t, p in enumerate(parent[row].tolist()) if not -1 <= p < t]
+        raise SlotIndexError(
             f"{op}: `parent` values must be -1 (a root) or an earlier column (tokens "
-            f"topologically ordered); row {row} column {col} holds {int(parent[row, col])}"
-        )
+            f"topologically ordered); row {row} column {cols[0]} holds {fault.value} (nothing "
+            "was written)",
+            op=op, field="parent", row=row, value=fault.value,
+        )  # fmt: skip
+    raise fault.error("host")
 
 
 # --------------------------------------------------------------------------- reference
@@ -646,19 +783,26 @@ def ssm_verify_update_reference(
     parent: torch.Tensor | None = None,
     num_draft: torch.Tensor | None = None,
     dt_limit: tuple[float, float] | None = None,
+    pad_slot_id: int = -1,
+    errors: torch.Tensor | None = None,
 ) -> None:
     """The pure-torch verify update: the kernel's contract, in place, on validated tensors.
 
     Token by token through :func:`hybridmeta.kernels._math.ssm_step`, each token's state
     rounded to the pool's dtype as the kernel stores it; writes ``out`` and the live
     ``inter[b, t]``, never the pool. Fixed shapes, no device-to-host reads (capturable).
+    A row with an invalid id, count or parent writes nothing to ``inter``, gets NaN output
+    and is recorded in ``errors`` (default: the device's record), as the kernel does.
     """
     bs, T = x.shape[:2]
-    live = state_indices >= 0  # [bs]
-    n = num_draft.long() if num_draft is not None else torch.full_like(state_indices, T).long()
-    n = torch.where(live, n, 0)
+    slots = state.shape[0]
+    keys, live, n = verify_faults(slots, pad_slot_id, T, state_indices, parent, num_draft)
+    poison = torch.where(keys != NO_FAULT, float("nan"), 0.0)[:, None, None]
     safe = torch.where(live, state_indices, 0)
-    s0 = torch.where(live[:, None, None, None], state.index_select(0, safe).float(), 0.0)
+    if slots:
+        s0 = torch.where(live[:, None, None, None], state.index_select(0, safe).float(), 0.0)
+    else:
+        s0 = torch.zeros(state.shape[1:], device=x.device).expand(bs, -1, -1, -1)
     rows = torch.arange(bs, device=x.device)
     dt_p = discretize(dt, dt_bias, dt_softplus, dt_limit)  # [bs, T, H]
     after: list[torch.Tensor] = []  # fp32 copies of the stored (rounded) state per token
@@ -672,7 +816,11 @@ def ssm_verify_update_reference(
         zt = z[:, t] if z is not None else None
         new, y = ssm_step(prev, x[:, t], dt_p[:, t], A, B[:, t], C[:, t], D, zt)
         keep = t < n  # [bs]
-        out[:, t].copy_(torch.where(keep[:, None, None], y, 0.0).to(out.dtype))
+        out[:, t].copy_(torch.where(keep[:, None, None], y, poison).to(out.dtype))
         stored = new.to(state.dtype)
         after.append(stored.float())
         inter[:, t].copy_(torch.where(keep[:, None, None, None], stored, inter[:, t]))
+    record_(
+        errors if errors is not None else record_for(state), _OP, keys, pad_slot_id,
+        (slots, T, T),
+    )  # fmt: skip

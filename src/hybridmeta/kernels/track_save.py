@@ -9,9 +9,16 @@ The pools are layer-major (``[layers, slots, ...]``). A fixed number of programs
 rows; for each flagged live row the programs share out the ``layers x chunks`` copy work
 of both pools. The grid depends on the pool shapes only, never on ``bs`` (a runtime loop
 bound, not specialised), so a new batch size neither recompiles nor changes the launch.
+
+Only flagged rows are looked at. A flagged row whose working slot is the pad id copies
+nothing (a pad row), as does one whose track slot is the pad id ("none"); a flagged row
+holding any other id outside ``[0, slots)`` copies nothing and sets the device's error
+record (:mod:`hybridmeta.kernels._errors`).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import triton
@@ -20,30 +27,51 @@ import triton.language as tl
 from hybridmeta.debug import is_debug
 from hybridmeta.kernels._config import CopyLaunchConfig, cdiv, copy_launch_config, pow2_ceil
 from hybridmeta.kernels._dispatch import Impl, no_output_fake, observed, on_device, resolve
+from hybridmeta.kernels._errors import (
+    TAG,
+    fault_keys,
+    host_check,
+    record_,
+    record_for,
+    report,
+    valid_slot,
+)
 from hybridmeta.kernels._math import scatter_rows_
 from hybridmeta.kernels._validate import (
     INDEX_DTYPES,
     MASK_DTYPES,
     STATE_DTYPES,
     check_disjoint_writes,
-    check_index_range,
+    check_no_alias,
+    check_pad_slot_id,
     check_pool,
+    check_rows,
     check_slot_contiguous,
+    check_slots,
     check_tensor,
+    pad_slot_of,
+    slot_kinds,
 )
 from hybridmeta.model import Mamba2Metadata
 
 __all__ = ["launch_track_save", "track_save", "track_save_from_metadata", "track_save_reference"]
 
 
-@triton.jit(do_not_specialize=["bs"])
+_OP = "track_save"
+_TAG: tl.constexpr = tl.constexpr(TAG[_OP])
+
+
+@triton.jit(do_not_specialize=["bs", "pad_id", "n_slots"])
 def _track_save_kernel(
     ssm_ptr: tl.tensor,
     conv_ptr: tl.tensor,
     src_ptr: tl.tensor,
     dst_ptr: tl.tensor,
     mask_ptr: tl.tensor,
+    err_ptr: tl.tensor,
     bs: tl.tensor,
+    pad_id: tl.tensor,
+    n_slots: tl.tensor,
     num_layers: tl.tensor,
     ssm_numel: tl.tensor,
     conv_numel: tl.tensor,
@@ -64,8 +92,18 @@ def _track_save_kernel(
         flag = tl.load(mask_ptr + b) != 0
         src = tl.load(src_ptr + b).to(tl.int64)
         dst = tl.load(dst_ptr + b).to(tl.int64)
+        src_ok = valid_slot(src, pad_id, n_slots)
+        dst_ok = valid_slot(dst, pad_id, n_slots)
+        # A flagged row with an id that is neither the pad id nor a valid slot copies nothing.
+        bad_src = flag & (src != pad_id) & (src_ok == 0)
+        bad_dst = flag & src_ok & (dst != pad_id) & (dst_ok == 0)
+        if (bad_src | bad_dst) & (pid == 0):
+            report(
+                err_ptr, _TAG, b, tl.where(bad_src, 0, 1), tl.where(bad_src, src, dst), pad_id,
+                n_slots,
+            )  # fmt: skip
         # One comparison, not `a & b & c` of scalars (the interpreter mistypes those).
-        if tl.where(flag, tl.minimum(src, dst), -1) >= 0:
+        if tl.where(flag & src_ok & dst_ok, 1, 0) > 0:
             for j in tl.range(pid, num_layers * n_ssm, nprog):
                 i_l = j // n_ssm
                 offs = (j - i_l * n_ssm) * SSM_BLOCK + o_s  # [SB] within the slot
@@ -90,6 +128,8 @@ def launch_track_save(
     track_mask: torch.Tensor,
     *,
     config: CopyLaunchConfig | None = None,
+    pad_slot_id: int = -1,
+    errors: torch.Tensor | None = None,
 ) -> None:
     """Launch track-save on already validated tensors (no allocation, no checks).
 
@@ -100,18 +140,26 @@ def launch_track_save(
     ssm_pool : torch.Tensor
         ``[layers, slots, nheads, headdim, dstate]``; each ``[layer, slot]`` block contiguous.
     src_indices, track_indices : torch.Tensor
-        ``[bs]`` working slot and track slot of each row; ``-1`` skips the row.
+        ``[bs]`` working slot and track slot of each row; ``pad_slot_id`` skips the row,
+        another id outside ``[0, slots)`` of a flagged row is a fault (recorded in
+        ``errors``, nothing copied).
     track_mask : torch.Tensor
         ``[bs]`` bool: rows to copy.
     config : CopyLaunchConfig, optional
         Copy step and program count; default from the device and dtype.
+    pad_slot_id : int
+        The pad id (int32).
+    errors : torch.Tensor, optional
+        The error record (default: the device's).
     """
     bs = src_indices.shape[0]
-    num_layers = ssm_pool.shape[0]
-    if bs == 0 or num_layers == 0:
+    num_layers, n_slots = ssm_pool.shape[:2]
+    if bs == 0:
         return
-    ssm_numel = ssm_pool[0, 0].numel()
-    conv_numel = conv_pool[0, 0].numel()
+    err = errors if errors is not None else record_for(ssm_pool)
+    # From the shapes: a pool of no layers or no slots still checks its rows' ids.
+    ssm_numel = math.prod(ssm_pool.shape[2:])
+    conv_numel = math.prod(conv_pool.shape[2:])
     cfg = (
         config
         if config is not None
@@ -130,7 +178,10 @@ def launch_track_save(
         src_ptr=src_indices,
         dst_ptr=track_indices,
         mask_ptr=track_mask,
+        err_ptr=err,
         bs=bs,
+        pad_id=pad_slot_id,
+        n_slots=n_slots,
         num_layers=num_layers,
         ssm_numel=ssm_numel,
         conv_numel=conv_numel,
@@ -153,13 +204,20 @@ def _track_save_impl(
     src_indices: torch.Tensor,
     track_indices: torch.Tensor,
     track_mask: torch.Tensor,
+    pad_slot_id: int,
+    errors: torch.Tensor,
 ) -> None:
     with on_device(ssm_pool.device):
-        launch_track_save(conv_pool, ssm_pool, src_indices, track_indices, track_mask)
+        launch_track_save(
+            conv_pool, ssm_pool, src_indices, track_indices, track_mask,
+            pad_slot_id=pad_slot_id, errors=errors,
+        )  # fmt: skip
 
 
 _track_save_op = torch.library.custom_op(
-    "hybridmeta::track_save", _track_save_impl, mutates_args=("conv_pool", "ssm_pool")
+    "hybridmeta::track_save",
+    _track_save_impl,
+    mutates_args=("conv_pool", "ssm_pool", "errors"),
 )
 
 _track_save_op.register_fake(no_output_fake)
@@ -174,17 +232,37 @@ def track_save_reference(
     src_indices: torch.Tensor,
     track_indices: torch.Tensor,
     track_mask: torch.Tensor,
+    *,
+    pad_slot_id: int = -1,
+    errors: torch.Tensor | None = None,
 ) -> None:
     """The pure-torch track-save, in place: flagged rows' slots copied, every layer.
 
-    A row is copied when its mask is set and both its source and track slot are ``>= 0``.
-    Fixed shapes, no device-to-host reads.
+    A row is copied when its mask is set and both its source and track slot are valid;
+    a flagged row with an id that is neither the pad id nor valid copies nothing and is
+    recorded in ``errors`` (default: the device's record), as the kernel does. Fixed
+    shapes, no device-to-host reads.
     """
-    rows = track_mask & (src_indices >= 0) & (track_indices >= 0)
-    safe = torch.where(rows, src_indices, 0)
-    for pool in (conv_pool, ssm_pool):
-        values = pool.index_select(1, safe).movedim(1, 0)  # [bs, layers, ...]
-        scatter_rows_(pool, 1, track_indices, values, rows)
+    slots = ssm_pool.shape[1]
+    keys, rows = track_faults(slots, pad_slot_id, src_indices, track_indices, track_mask)
+    if slots:
+        safe = torch.where(rows, src_indices, 0)
+        for pool in (conv_pool, ssm_pool):
+            values = pool.index_select(1, safe).movedim(1, 0)  # [bs, layers, ...]
+            scatter_rows_(pool, 1, track_indices, values, rows)
+    record_(errors if errors is not None else record_for(ssm_pool), _OP, keys, pad_slot_id, slots)
+
+
+def track_faults(
+    slots: int, pad: int, src: torch.Tensor, track: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(keys, copy)``: the flagged rows' fault keys and the rows that copy (no sync)."""
+    src_pad, src_ok = slot_kinds(src, slots, pad)
+    trk_pad, trk_ok = slot_kinds(track, slots, pad)
+    keys = fault_keys(
+        [(mask & ~src_pad & ~src_ok, 0, src), (mask & src_ok & ~trk_pad & ~trk_ok, 1, track)]
+    )
+    return keys, mask & src_ok & trk_ok
 
 
 # --------------------------------------------------------------------------- public op
@@ -198,11 +276,17 @@ def track_save(
     track_indices: torch.Tensor,
     track_mask: torch.Tensor,
     impl: Impl | None = None,
+    pad_slot_id: int = -1,
 ) -> None:
     """Copy conv and SSM state of every layer from each flagged row's slot to its track slot.
 
     One launch covers all layers of both layer-major pools. Rows whose mask is false, or
-    whose source or track slot is ``-1``, are skipped.
+    whose source or track slot is ``pad_slot_id``, are skipped. A valid slot is
+    ``0 <= id < slots`` and ``id != pad_slot_id``; a flagged row holding any other id
+    copies nothing and the fault goes to the device's error record
+    (:func:`hybridmeta.kernels.check_errors`); with CPU index tensors (outside a graph
+    capture) or in debug mode the op raises :class:`~hybridmeta.kernels.SlotIndexError`
+    instead, before writing.
 
     Parameters
     ----------
@@ -216,36 +300,56 @@ def track_save(
         ``[bs]`` bool: rows to copy.
     impl : {"auto", "triton", "reference"}, optional
         The implementation (see :func:`hybridmeta.kernels.implementation`).
+    pad_slot_id : int
+        The pad id (int32; default ``-1``), also the "none" of ``track_indices``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        On any argument that breaks the rules above, including a pool that aliases itself.
+    SlotIndexError
+        An invalid id, when the ids can be read without a sync or in debug mode (which
+        also refuses two rows writing one slot, or a row writing a slot another reads).
+        Nothing is written.
     """
-    op = "track_save"
+    op = _OP
+    check_pad_slot_id(op, pad_slot_id)
     ssm_pool = check_pool(op, "ssm_pool", ssm_pool, dims="[layers, slots, nheads, headdim, dstate]")
     dev = ssm_pool.device
     layers, slots = ssm_pool.shape[:2]
+    check_slots(op, "ssm_pool", slots)
     check_tensor(op, "conv_pool", conv_pool, shape=(layers, slots, None, None), dtypes=STATE_DTYPES,
                  device=dev, dims="[layers, slots, conv_dim, k - 1]")  # fmt: skip
+    check_no_alias(op, "conv_pool", conv_pool)
     check_slot_contiguous(op, "ssm_pool", ssm_pool, 2)
     check_slot_contiguous(op, "conv_pool", conv_pool, 2)
     check_tensor(op, "src_indices", src_indices, shape=(None,), dtypes=INDEX_DTYPES, device=dev,
                  dims="[bs]")  # fmt: skip
     bs = src_indices.shape[0]
+    check_rows(op, bs)
     check_tensor(op, "track_indices", track_indices, shape=(bs,), dtypes=INDEX_DTYPES, device=dev,
                  dims="[bs]")  # fmt: skip
     check_tensor(
         op, "track_mask", track_mask, shape=(bs,), dtypes=MASK_DTYPES, device=dev, dims="[bs]"
     )
     which = resolve(op, impl, dev)
-    if is_debug():
-        check_index_range(op, "src_indices", src_indices, slots)
-        check_index_range(op, "track_indices", track_indices, slots)
-        active = track_mask & (src_indices >= 0)
-        check_disjoint_writes(
-            op, [("track_indices", track_indices, active)], ("src_indices", src_indices, active)
-        )
+    seen = observed(ssm_pool)
+    if is_debug() or (not seen and dev.type == "cpu"):
+        keys, copy = track_faults(slots, pad_slot_id, src_indices, track_indices, track_mask)
+        host_check(op, keys, pad_slot_id, slots)
+        if is_debug():
+            check_disjoint_writes(
+                op, [("track_indices", track_indices, copy)], ("src_indices", src_indices, copy)
+            )
+    errors = record_for(ssm_pool)
     if which == "reference":
-        track_save_reference(conv_pool, ssm_pool, src_indices, track_indices, track_mask)
+        track_save_reference(
+            conv_pool, ssm_pool, src_indices, track_indices, track_mask,
+            pad_slot_id=pad_slot_id, errors=errors,
+        )  # fmt: skip
         return
-    run = torch.ops.hybridmeta.track_save if observed(ssm_pool) else _track_save_impl
-    run(conv_pool, ssm_pool, src_indices, track_indices, track_mask)
+    run = torch.ops.hybridmeta.track_save if seen else _track_save_impl
+    run(conv_pool, ssm_pool, src_indices, track_indices, track_mask, pad_slot_id, errors)
 
 
 def track_save_from_metadata(
@@ -274,4 +378,5 @@ def track_save_from_metadata(
     track_save(
         conv_pool, ssm_pool, src_indices=md.mamba_cache_indices,
         track_indices=md.mamba_track_indices, track_mask=md.mamba_track_mask, impl=impl,
+        pad_slot_id=pad_slot_of(md),
     )  # fmt: skip

@@ -195,7 +195,8 @@ class _PendingTokens:
 
     ``choice`` (``[R]`` int64 on the device: the argmax, or the forced token) is the next
     step's ``input_ids``; ``host`` is its copy in page-locked memory, valid once ``ready``
-    has completed (``None``: already valid, a CPU device).
+    has completed (``None``: already valid, a CPU device). ``errors``: the kernels' error
+    record copied in the same transfer (``None`` on a CPU device: read directly).
     """
 
     reqs: list[Request]
@@ -203,6 +204,7 @@ class _PendingTokens:
     choice: torch.Tensor
     host: torch.Tensor
     ready: torch.cuda.Event | None
+    errors: torch.Tensor | None = None
 
 
 class Runtime:
@@ -564,14 +566,22 @@ class Runtime:
             return _PendingTokens(reqs=reqs, logprobs=logp, choice=choice, host=choice, ready=None)
         host = torch.empty(choice.shape, dtype=choice.dtype, pin_memory=True)
         host.copy_(choice, non_blocking=True)
+        # the kernels' error record rides along (read when the tokens land: no extra sync)
+        errors = torch.empty(4, dtype=torch.int64, pin_memory=True)
+        errors.copy_(kernels.error_record(self.device), non_blocking=True)
         ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
         ready.record()
-        return _PendingTokens(reqs=reqs, logprobs=logp, choice=choice, host=host, ready=ready)
+        return _PendingTokens(
+            reqs=reqs, logprobs=logp, choice=choice, host=host, ready=ready, errors=errors
+        )
 
     def _land(self, pending: _PendingTokens) -> None:
         """Wait for a decode step's tokens and append them to their requests."""
         if pending.ready is not None:
             pending.ready.synchronize()
+        # an invalid slot id a kernel met on the device (its rows wrote nothing): raise here
+        errors = None if pending.errors is None else pending.errors.tolist()
+        kernels.raise_if_faulted(self.device, values=errors)
         tokens: list[int] = pending.host.tolist()
         for i, req in enumerate(pending.reqs):
             req.logprobs.append(pending.logprobs[i])
@@ -795,8 +805,12 @@ class Runtime:
         n_greedy = parts[0].shape[0] if parts else 0
         if verified is not None:
             parts += [verified.accepted.choice.reshape(-1), verified.accepted.num_accepted]
-        # the step's one device-to-host transfer
-        host: list[int] = torch.cat(parts).tolist() if parts else []
+        # the step's one device-to-host transfer, the kernels' error record included (an
+        # invalid slot id a kernel met on the device, its rows wrote nothing: raise here)
+        record = kernels.error_record(self.device)
+        got: list[int] = torch.cat([*(p.long() for p in parts), record]).tolist()
+        kernels.raise_if_faulted(self.device, values=got[-4:])
+        host = got[:-4]
         greedy = host[:n_greedy]
         if verified is not None:
             assert commits is not None

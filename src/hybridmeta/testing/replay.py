@@ -35,6 +35,7 @@ from hypothesis.stateful import (
 
 from hybridmeta.graphs.buffers import bucket_for
 from hybridmeta.graphs.capture import CapturedGraph, GraphBackend
+from hybridmeta.kernels import check_errors
 from hybridmeta.testing.backend import GraphedDecodeBackend, Reference
 from hybridmeta.testing.profiles import resolve_settings
 from hybridmeta.testing.strategies import Batch, TailFill, batches, fill_tail, tail_fills
@@ -208,9 +209,15 @@ class _ReplayBase(RuleBasedStateMachine):
         bucket = bucket_for(list(b.buckets), batch.bs)
         inputs = b.make_inputs(batch, torch.Generator().manual_seed(batch.seed))
         snapshot = _cpu(b.state_pools())
+        check_errors(b.device)  # a fault from before the step is not this step's
         ref = b.reference({k: v.clone() for k, v in b.state_pools().items()}, batch, inputs)
         before, after, outs = self._replay(batch, fill, bucket, inputs)
+        # The kernels' error record (an id a kernel found invalid on the device): read at
+        # the comparison's sync.
+        fault = check_errors(b.device)
         problems = self._compare(batch, before, after, outs, ref)
+        if fault is not None:
+            problems.insert(0, f"kernel fault in the replay or its reference: {fault.message()}")
         if not problems:
             return
         lines = [
@@ -221,6 +228,7 @@ class _ReplayBase(RuleBasedStateMachine):
         ]
         if _is_final():
             lines += self._diagnose(batch, fill, bucket, inputs, snapshot, after, outs)
+            check_errors(b.device)  # what the diagnosis replays recorded: reported above
         raise ReplayFailure("\n".join(lines), self.history)
 
     def _compare(

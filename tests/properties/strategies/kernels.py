@@ -713,3 +713,282 @@ def attention_cases(draw: st.DrawFn, *, max_bs: int = 3) -> AttentionCase:
         splits=splits,
         seed=draw(st.integers(0, 2**31 - 1)),
     )
+
+
+# --------------------------------------------------------------------------- ids of every kind
+#
+# The safety properties (``tests/properties/test_kernels_safety.py``) draw every slot field
+# with pad rows, valid slots and invalid ids mixed, under a declared pad id, and run the
+# ops on pools that are views into a larger guard buffer.
+
+#: Invalid ids tried besides the ones just outside the pool: far below, far above, and
+#: past int32 (int64 index tensors only).
+_FAR_IDS = (-2, -7, -(2**31), 2**31 - 1)
+_HUGE_IDS = (2**40, -(2**40), 2**62)
+
+
+@attrs.frozen
+class Ids:
+    """A row layout of one slot pool: its size, the declared pad id and the index dtype."""
+
+    slots: int
+    pad: int
+    dtype: torch.dtype
+    guard: int  # slots of guard buffer before and after the pool
+
+    def valid(self, v: int) -> bool:
+        return 0 <= v < self.slots and v != self.pad
+
+    def kind(self, v: int) -> str:
+        """``"pad"``, ``"valid"`` or ``"invalid"``."""
+        if v == self.pad:
+            return "pad"
+        return "valid" if self.valid(v) else "invalid"
+
+
+@st.composite
+def id_layouts(draw: st.DrawFn, need: int, *, max_spare: int = 2) -> Ids:
+    """A pool with at least ``need`` valid slots, a pad id (``-1``, vLLM's ``0``, or any
+    small id in or around the pool) and an index dtype."""
+    pad = draw(st.sampled_from([-1, -1, 0, 0]) | st.integers(-3, need + 3))
+    slots = need + draw(st.integers(0, max_spare))
+    if 0 <= pad < slots or (pad >= slots and draw(st.booleans())):
+        slots += 1  # the pad id takes a slot of the pool (vLLM's reserved null slot)
+    return Ids(
+        slots=slots,
+        pad=pad,
+        dtype=draw(st.sampled_from([torch.int64, torch.int32])),
+        guard=draw(st.integers(1, 2)),
+    )
+
+
+@st.composite
+def invalid_ids(draw: st.DrawFn, ids: Ids) -> int:
+    """An id that is neither the pad id nor a valid slot of ``ids``."""
+    near = [ids.slots, ids.slots + 1, ids.slots + 3, -1, -2]
+    far = list(_FAR_IDS) + (list(_HUGE_IDS) if ids.dtype == torch.int64 else [])
+    v = draw(st.sampled_from([x for x in near + far if x != ids.pad and not ids.valid(x)]))
+    return v
+
+
+@st.composite
+def any_ids(draw: st.DrawFn, ids: Ids) -> int:
+    """Garbage a field may hold where it is not looked at: pad, valid or invalid."""
+    return draw(
+        st.sampled_from([ids.pad, -1, 0, ids.slots - 1, ids.slots])
+        | invalid_ids(ids)
+        | st.integers(0, max(ids.slots - 1, 0))
+    )
+
+
+class SlotDraw:
+    """Draws distinct valid slots of a layout (written and read slots never collide)."""
+
+    def __init__(self, draw: st.DrawFn, ids: Ids) -> None:
+        free = [s for s in range(ids.slots) if ids.valid(s)]
+        self._free = list(draw(st.permutations(free)))
+
+    def take(self) -> int | None:
+        return self._free.pop() if self._free else None
+
+
+#: Row kinds for a source id, drawn with these weights.
+ROW_KINDS = ("valid", "valid", "pad", "invalid")
+
+
+@attrs.frozen
+class SafeSsmCase:
+    ids: Ids
+    nheads: int
+    headdim: int
+    dstate: int
+    src: tuple[int, ...]
+    dst: tuple[int, ...] | None
+    track: tuple[int, ...] | None
+    mask: tuple[bool, ...] | None
+    seed: int
+
+    @property
+    def bs(self) -> int:
+        return len(self.src)
+
+
+@st.composite
+def safe_ssm_cases(draw: st.DrawFn, *, max_bs: int = 5) -> SafeSsmCase:
+    """An SSM update whose source, destination and track ids mix pad, valid and invalid
+    values (distinct written slots, never another row's source)."""
+    bs = draw(st.integers(1, max_bs))
+    with_dst, with_track = draw(st.booleans()), draw(st.booleans())
+    ids = draw(id_layouts(bs * (1 + int(with_dst) + int(with_track))))
+    pool = SlotDraw(draw, ids)
+    kinds = [draw(st.sampled_from(ROW_KINDS)) for _ in range(bs)]
+    src: list[int] = []
+    for k in kinds:
+        s = pool.take() if k == "valid" else None
+        src.append(s if s is not None else (ids.pad if k != "invalid" else draw(invalid_ids(ids))))
+
+    def field(row_live: bool) -> int:
+        if not row_live:
+            return draw(any_ids(ids))  # a pad row's other ids are never looked at
+        k = draw(st.sampled_from(("valid", "valid", "none", "invalid")))
+        if k == "valid":
+            s = pool.take()
+            if s is not None:
+                return s
+        return ids.pad if k != "invalid" else draw(invalid_ids(ids))
+
+    dst = tuple(field(ids.valid(s)) for s in src) if with_dst else None
+    track = mask = None
+    if with_track:
+        mask = tuple(draw(st.booleans()) for _ in range(bs))
+        track = tuple(
+            field(ids.valid(s)) if m else draw(any_ids(ids)) for s, m in zip(src, mask, strict=True)
+        )
+    return SafeSsmCase(
+        ids=ids, nheads=draw(st.integers(1, 2)), headdim=draw(st.integers(1, 4)),
+        dstate=draw(st.integers(1, 6)), src=tuple(src), dst=dst, track=track, mask=mask,
+        seed=draw(st.integers(0, 2**31 - 1)),
+    )  # fmt: skip
+
+
+@attrs.frozen
+class SafeRowsCase:
+    """One source id per row (conv update), or source, track id and flag (track-save)."""
+
+    ids: Ids
+    src: tuple[int, ...]
+    track: tuple[int, ...] | None
+    mask: tuple[bool, ...] | None
+    seed: int
+
+    @property
+    def bs(self) -> int:
+        return len(self.src)
+
+
+@st.composite
+def safe_rows_cases(draw: st.DrawFn, *, with_track: bool, max_bs: int = 5) -> SafeRowsCase:
+    """Conv update (``with_track=False``) or track-save ids of every kind: distinct valid
+    working slots; track slots distinct, never another row's working slot."""
+    bs = draw(st.integers(1, max_bs))
+    ids = draw(id_layouts(bs * (2 if with_track else 1)))
+    pool = SlotDraw(draw, ids)
+    src: list[int] = []
+    for _ in range(bs):
+        k = draw(st.sampled_from(ROW_KINDS))
+        s = pool.take() if k == "valid" else None
+        src.append(s if s is not None else (ids.pad if k != "invalid" else draw(invalid_ids(ids))))
+    track = mask = None
+    if with_track:
+        mask = tuple(draw(st.booleans()) for _ in range(bs))
+        out: list[int] = []
+        for s, m in zip(src, mask, strict=True):
+            if not (m and ids.valid(s)):
+                out.append(draw(any_ids(ids)))
+                continue
+            k = draw(st.sampled_from(("valid", "valid", "none", "invalid")))
+            t = pool.take() if k == "valid" else None
+            out.append(t if t is not None else (ids.pad if k != "invalid" else draw(invalid_ids(ids))))
+        track = tuple(out)
+    return SafeRowsCase(
+        ids=ids, src=tuple(src), track=track, mask=mask, seed=draw(st.integers(0, 2**31 - 1))
+    )
+
+
+@attrs.frozen
+class SafeVerifyCase:
+    ids: Ids
+    T: int
+    src: tuple[int, ...]
+    num_draft: tuple[int, ...] | None
+    parent: tuple[tuple[int, ...], ...] | None
+    seed: int
+
+    @property
+    def bs(self) -> int:
+        return len(self.src)
+
+
+@st.composite
+def safe_verify_cases(draw: st.DrawFn, *, max_bs: int = 4) -> SafeVerifyCase:
+    """Verify ids: working slots of every kind, live counts in and out of ``[0, T]``,
+    parents in and out of ``[-1, t)`` (a valid tree, or one bad entry)."""
+    bs = draw(st.integers(1, max_bs))
+    T = draw(st.integers(1, 3))
+    ids = draw(id_layouts(bs))
+    pool = SlotDraw(draw, ids)
+    src: list[int] = []
+    for _ in range(bs):
+        k = draw(st.sampled_from(ROW_KINDS))
+        s = pool.take() if k == "valid" else None
+        src.append(s if s is not None else (ids.pad if k != "invalid" else draw(invalid_ids(ids))))
+    nd = None
+    if draw(st.booleans()):
+        nd = tuple(
+            draw(st.integers(0, T) | st.sampled_from([-1, T + 1, T + 5])) if draw(st.booleans())
+            else T
+            for _ in range(bs)
+        )  # fmt: skip
+    par = None
+    if draw(st.booleans()):
+        rows = [list(draw(draft_trees(T))) for _ in range(bs)]
+        for r in rows:
+            if draw(st.integers(0, 3)) == 0:
+                t = draw(st.integers(0, T - 1))
+                r[t] = draw(st.sampled_from([t, t + 1, T + 2, -2, -(2**31)]))
+        par = tuple(tuple(r) for r in rows)
+    return SafeVerifyCase(
+        ids=ids, T=T, src=tuple(src), num_draft=nd, parent=par,
+        seed=draw(st.integers(0, 2**31 - 1)),
+    )  # fmt: skip
+
+
+@attrs.frozen
+class SafeCommitCase:
+    ids: Ids
+    T: int
+    src: tuple[int, ...]
+    acc: tuple[int, ...]
+    track: tuple[int, ...] | None
+    mask: tuple[bool, ...] | None
+    token: tuple[int, ...] | None
+    seed: int
+
+    @property
+    def bs(self) -> int:
+        return len(self.src)
+
+
+@st.composite
+def safe_commit_cases(draw: st.DrawFn, *, max_bs: int = 4) -> SafeCommitCase:
+    """Commit ids: working and track slots of every kind (distinct written slots),
+    accepted and boundary columns in and out of ``[-1, T)``."""
+    bs = draw(st.integers(1, max_bs))
+    T = draw(st.integers(1, 3))
+    with_track = draw(st.booleans())
+    ids = draw(id_layouts(bs * (2 if with_track else 1)))
+    pool = SlotDraw(draw, ids)
+    cols = st.integers(-1, T - 1) | st.sampled_from([T, T + 2, -2, -(2**31)])
+    src: list[int] = []
+    for _ in range(bs):
+        k = draw(st.sampled_from(ROW_KINDS))
+        s = pool.take() if k == "valid" else None
+        src.append(s if s is not None else (ids.pad if k != "invalid" else draw(invalid_ids(ids))))
+    acc = tuple(draw(cols) for _ in range(bs))
+    track = mask = token = None
+    if with_track:
+        mask = tuple(draw(st.booleans()) for _ in range(bs))
+        out: list[int] = []
+        for s, m in zip(src, mask, strict=True):
+            if not (m and ids.valid(s)):
+                out.append(draw(any_ids(ids)))
+                continue
+            k = draw(st.sampled_from(("valid", "valid", "none", "invalid")))
+            t = pool.take() if k == "valid" else None
+            out.append(t if t is not None else (ids.pad if k != "invalid" else draw(invalid_ids(ids))))
+        track = tuple(out)
+        token = tuple(draw(cols) for _ in range(bs))
+    return SafeCommitCase(
+        ids=ids, T=T, src=tuple(src), acc=acc, track=track, mask=mask, token=token,
+        seed=draw(st.integers(0, 2**31 - 1)),
+    )  # fmt: skip
