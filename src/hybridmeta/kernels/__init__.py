@@ -16,9 +16,9 @@ verify: :mod:`~hybridmeta.kernels.ssm_verify`, :mod:`~hybridmeta.kernels.conv_ve
 :mod:`~hybridmeta.kernels.rms_norm`; the MLP's activation:
 :mod:`~hybridmeta.kernels.activations`; one-row projections: :mod:`~hybridmeta.kernels.linear`. The shared math is :mod:`~hybridmeta.kernels._math`.
 
-On a machine without CUDA the Triton kernels run under the Triton interpreter: importing
-``hybridmeta`` sets ``TRITON_INTERPRET=1`` (unless already set) before any kernel is
-decorated.
+A Triton kernel launched on CPU tensors runs in the Triton interpreter, on CUDA tensors
+compiled: decided per launch (:mod:`hybridmeta._interpret`), whatever the import order;
+importing hybridmeta sets no environment variable.
 """
 
 from __future__ import annotations

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import os
 from collections.abc import Iterator
 from typing import Literal
 
@@ -59,21 +58,14 @@ def implementation(impl: Impl) -> Iterator[None]:
         _DEFAULT.reset(token)
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "") not in ("", "0")
-
-
 def resolve(op: str, impl: Impl | None, device: torch.device) -> Literal["triton", "reference"]:
     """The implementation an op call runs on tensors of ``device``."""
     choice = impl if impl is not None else _DEFAULT.get()
     if choice == "auto":
         return "triton" if device.type == "cuda" else "reference"
     if choice == "triton":
-        if device.type != "cuda" and not _interpreting():
-            raise ValueError(
-                f"{op}: impl='triton' on {device} tensors needs the Triton interpreter "
-                "(TRITON_INTERPRET=1 before hybridmeta is imported); use impl='reference'"
-            )
+        # On a device other than CUDA the launch runs in the Triton interpreter
+        # (hybridmeta._interpret), decided per launch.
         return "triton"
     if choice == "reference":
         return "reference"

@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from hybridmeta._interpret import launchable
 from hybridmeta.debug import is_debug
 from hybridmeta.kernels._config import ConvLaunchConfig, cdiv, conv_launch_config, pow2_ceil
 from hybridmeta.kernels._dispatch import Impl, no_output_fake, observed, resolve
@@ -178,7 +179,7 @@ def launch_conv_update(
     _LAUNCHER.launch(
         var, grid, key, dev, aligned,
         lambda: (*ptrs, bs, *ints, *flags),
-        lambda g: _conv_update_kernel[g](
+        lambda g: launchable(_conv_update_kernel, x.device)[g](
             x, conv_state, weight, bias, out, slot_indices, bs, *ints,
             WIDTH=width, HAS_BIAS=bias is not None, SILU=silu, ROWS=cfg.rows,
             BLOCK_C=cfg.block_c, BLOCK_K=flags[5], num_warps=cfg.num_warps,

@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from hybridmeta._interpret import launchable
 from hybridmeta.debug import is_debug
 from hybridmeta.kernels._config import ConvLaunchConfig, cdiv, conv_launch_config, pow2_ceil
 from hybridmeta.kernels._dispatch import Impl, no_output_fake, observed, on_device, resolve
@@ -216,7 +217,7 @@ def launch_conv_verify(
     cfg = config if config is not None else conv_launch_config(dim)
     par_strides = parent.stride() if parent is not None else (0, 0)
     grid = (cdiv(dim, cfg.block_c), T, bs)
-    _conv_verify_kernel[grid](
+    launchable(_conv_verify_kernel, x.device)[grid](
         x_ptr=x,
         conv_state_ptr=conv_state,
         weight_ptr=weight,

@@ -51,8 +51,9 @@ import torch
 import triton
 import triton.language as tl
 
+from hybridmeta._interpret import launchable, runs_interpreted
 from hybridmeta.kernels._config import cdiv, pow2_ceil
-from hybridmeta.kernels._dispatch import Impl, _interpreting, resolve
+from hybridmeta.kernels._dispatch import Impl, resolve
 from hybridmeta.kernels._math import SSMParams, process_dt
 from hybridmeta.model import ChunkPlan, Mamba2Metadata, MixedMetadata
 
@@ -575,7 +576,8 @@ def _ssd_chunked_scan_triton(
     acum_t = Acum.permute(0, 2, 1).contiguous()  # [NL, H, L]
     D = params.D.float().to(dev).contiguous()
     # bf16 activations on the GPU: tensor cores (see _dot_act / _dot_f32)
-    fast = x.dtype == torch.bfloat16 and not _interpreting()
+    interpreted = runs_interpreted(_chunk_scan_kernel, dev)
+    fast = x.dtype == torch.bfloat16 and not interpreted
     BLOCK_N = _block(N, 16, 256)
     BLOCK_P = _block(P, 16, 64)
     BLOCK_K = _block(L, 16, 64)
@@ -583,7 +585,7 @@ def _ssd_chunked_scan_triton(
     n_p = cdiv(P, BLOCK_P)
 
     S = torch.empty(NL, H, P, N, device=dev, dtype=torch.float32)
-    _chunk_state_kernel[(NL * H, n_p)](
+    launchable(_chunk_state_kernel, dev)[(NL * H, n_p)](
         x_ptr=x,
         B_ptr=B,
         dtc_ptr=dtc_t,
@@ -609,8 +611,8 @@ def _ssd_chunked_scan_triton(
     )
     state_in = torch.empty_like(S)
     state_out = torch.empty_like(S)
-    BLOCK = 1024 if not _interpreting() else 64
-    _state_passing_kernel[(H, cdiv(P * N, BLOCK))](
+    BLOCK = 1024 if not interpreted else 64
+    launchable(_state_passing_kernel, dev)[(H, cdiv(P * N, BLOCK))](
         S_ptr=S,
         acum_ptr=acum_t,
         first_ptr=chunks.first,
@@ -632,7 +634,7 @@ def _ssd_chunked_scan_triton(
         BLOCK=BLOCK,
     )
     y = torch.empty(T, H, P, device=dev, dtype=x.dtype)
-    _chunk_scan_kernel[(NL * H, cdiv(L, BLOCK_M) * n_p)](
+    launchable(_chunk_scan_kernel, dev)[(NL * H, cdiv(L, BLOCK_M) * n_p)](
         x_ptr=x,
         B_ptr=B,
         C_ptr=C,

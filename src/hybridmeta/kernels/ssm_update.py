@@ -44,6 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
+from hybridmeta._interpret import launchable
 from hybridmeta.debug import is_debug
 from hybridmeta.kernels._config import SsmLaunchConfig, cdiv, pow2_ceil, ssm_launch_config
 from hybridmeta.kernels._dispatch import Impl, no_output_fake, observed, resolve
@@ -756,7 +757,7 @@ def launch_ssm_update(
         return (*ptrs, *dt_limit, bs, rows_per_prog, *ints, *flags)
 
     def slow(g: tuple[int, int, int]) -> object:
-        return _ssm_update_kernel[g](
+        return launchable(_ssm_update_kernel, state.device)[g](
             state, x, dt, dt_bias, A, B, C, D, z, out, src_indices, dst_indices,
             track_indices, track_mask, *dt_limit, bs, rows_per_prog, *ints,
             DT_SOFTPLUS=dt_softplus, HAS_DT_BIAS=dt_bias is not None, HAS_D=D is not None,
@@ -834,7 +835,7 @@ def _launch_tiles(
         return (*ptrs, *dt_limit, *ints, bs, *flags)
 
     def slow(g: tuple[int, int, int]) -> object:
-        return _ssm_update_tile_kernel[g](
+        return launchable(_ssm_update_tile_kernel, state.device)[g](
             state, x, dt, dt_bias, A, B, C, D, z, out, src_indices, dst_indices,
             track_indices, track_mask, *dt_limit, *ints, bs,
             DT_SOFTPLUS=dt_softplus, HAS_DT_BIAS=dt_bias is not None, HAS_D=D is not None,
