@@ -8,23 +8,27 @@ and arrive in the forward's metadata (``md.mixed.conv``,
 :class:`~hybridmeta.model.ConvWindows`); here there is no loop over rows and no sync.
 
 One implementation, in torch (gathers and a K-tap sum; no Triton kernel yet): it is this
-op's reference too.
+op's reference too. It is the ``torch.library`` op ``hybridmeta::causal_conv1d_prefill``
+(the plan's tensors as arguments, ``conv_state`` declared mutated, a fake that gives the
+outputs' shapes), so ``torch.compile`` sees one opaque op whatever the plan's shapes; the
+public function wraps the op's two tensors into :class:`ConvPrefillOutput` after it.
 """
 
 from __future__ import annotations
 
-import attrs
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
+from hybridmeta.kernels._dispatch import observed
 from hybridmeta.model import Mamba2Metadata
 
 __all__ = ["ConvPrefillOutput", "causal_conv1d_prefill", "extended_conv_input"]
 
 
-@attrs.frozen(kw_only=True)
-class ConvPrefillOutput:
-    """Result of :func:`causal_conv1d_prefill`.
+class ConvPrefillOutput(NamedTuple):
+    """Result of :func:`causal_conv1d_prefill` (a named tuple: ``torch.compile`` builds it).
 
     Attributes
     ----------
@@ -106,17 +110,65 @@ def causal_conv1d_prefill(
             f"causal_conv1d_prefill: activation must be 'silu' or None, got {activation!r}"
         )
 
-    init = conv_state.index_select(0, md.prefill_slots)  # [R, dim, K-1]
-    init = torch.where(mixed.has_initial_states[:, None, None], init, 0)
+    run = (
+        torch.ops.hybridmeta.causal_conv1d_prefill if observed(conv_state) else _conv_prefill_impl
+    )
+    out, init = run(
+        xbc, weight, bias, conv_state, md.prefill_slots, mixed.has_initial_states,
+        mixed.conv.token_windows, mixed.conv.final_windows, activation == "silu",
+    )  # fmt: skip
+    return ConvPrefillOutput(out=out, init_windows=init)
+
+
+# --------------------------------------------------------------------------- custom op
+
+
+def _conv_prefill_impl(
+    xbc: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    conv_state: torch.Tensor,
+    slots: torch.Tensor,
+    has_initial_states: torch.Tensor,
+    token_windows: torch.Tensor,
+    final_windows: torch.Tensor,
+    silu: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The conv on checked arguments: ``(out [T, dim], init_windows [R, K-1, dim])``."""
+    T, dim = xbc.shape
+    init = conv_state.index_select(0, slots)  # [R, dim, K-1]
+    init = torch.where(has_initial_states[:, None, None], init, 0)
     init = init.transpose(1, 2).contiguous()  # [R, K-1, dim]
     ext = extended_conv_input(xbc, init)  # [T + R*(K-1), dim]
     w = weight.float()
     acc = torch.zeros(T, dim, dtype=torch.float32, device=xbc.device)
     if bias is not None:
         acc = acc + bias.float()
-    for k in range(K):  # K taps (a constant, not a loop over rows)
-        acc = acc + ext.index_select(0, mixed.conv.token_windows[:, k]).float() * w[:, k]
-    out = F.silu(acc) if activation == "silu" else acc
-    final = ext[mixed.conv.final_windows]  # [R, K-1, dim]
-    conv_state.index_copy_(0, md.prefill_slots, final.transpose(1, 2).to(conv_state.dtype))
-    return ConvPrefillOutput(out=out.to(xbc.dtype), init_windows=init)
+    for k in range(token_windows.shape[1]):  # K taps (a constant, not a loop over rows)
+        acc = acc + ext.index_select(0, token_windows[:, k]).float() * w[:, k]
+    out = F.silu(acc) if silu else acc
+    final = ext[final_windows]  # [R, K-1, dim]
+    conv_state.index_copy_(0, slots, final.transpose(1, 2).to(conv_state.dtype))
+    return out.to(xbc.dtype), init
+
+
+def _conv_prefill_fake(
+    xbc: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    conv_state: torch.Tensor,
+    slots: torch.Tensor,
+    has_initial_states: torch.Tensor,
+    token_windows: torch.Tensor,
+    final_windows: torch.Tensor,
+    silu: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    T, dim = xbc.shape
+    init = conv_state.new_empty(slots.shape[0], conv_state.shape[2], dim)
+    return xbc.new_empty(T, dim), init
+
+
+_conv_prefill_op = torch.library.custom_op(
+    "hybridmeta::causal_conv1d_prefill", _conv_prefill_impl, mutates_args=("conv_state",)
+)
+_conv_prefill_op.register_fake(_conv_prefill_fake)

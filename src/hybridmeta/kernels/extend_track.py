@@ -7,13 +7,15 @@ each takes its conv window from the layer's conv input. The slots are the rows'
 :func:`~hybridmeta.kernels.track_save_from_metadata` after the layers ran.
 
 One implementation, in torch (a few gathers and index copies per layer): it is this op's
-reference too.
+reference too. It is the ``torch.library`` op ``hybridmeta::extend_track_save`` (the plan's
+tensors as arguments, both pools declared mutated).
 """
 
 from __future__ import annotations
 
 import torch
 
+from hybridmeta.kernels._dispatch import no_output_fake, observed
 from hybridmeta.kernels.conv_prefill import ConvPrefillOutput
 from hybridmeta.kernels.ssd_scan import SSDScanOutput
 from hybridmeta.model import Mamba2Metadata
@@ -82,10 +84,40 @@ def extend_track_save(
             f"extend_track_save: scan holds {scan.tracked_h.shape[0]} / {scan.recomputed.shape[0]} "
             f"boundary states but the plan has {n_h} / {n_rc}; pass this forward's scan"
         )
-    mid_dst = track.index_select(0, torch.cat([tr.h_rows, tr.recompute_rows]))
-    windows = _gather_extended(xbc, conv.init_windows, tr.windows)  # [n_mid, K-1, dim]
-    conv_state.index_copy_(0, mid_dst, windows.transpose(1, 2).to(conv_state.dtype))
-    states = torch.cat([scan.tracked_h, scan.recomputed]) if n_h and n_rc else (
-        scan.tracked_h if n_h else scan.recomputed
+    run = torch.ops.hybridmeta.extend_track_save if observed(ssm_state) else _extend_track_impl
+    run(
+        xbc, conv.init_windows, scan.tracked_h, scan.recomputed, conv_state, ssm_state, track,
+        tr.h_rows, tr.recompute_rows, tr.windows,
+    )  # fmt: skip
+
+
+# --------------------------------------------------------------------------- custom op
+
+
+def _extend_track_impl(
+    xbc: torch.Tensor,
+    init_windows: torch.Tensor,
+    tracked_h: torch.Tensor,
+    recomputed: torch.Tensor,
+    conv_state: torch.Tensor,
+    ssm_state: torch.Tensor,
+    track_indices: torch.Tensor,
+    h_rows: torch.Tensor,
+    recompute_rows: torch.Tensor,
+    windows: torch.Tensor,
+) -> None:
+    """The save on checked arguments (at least one boundary)."""
+    n_h, n_rc = tracked_h.shape[0], recomputed.shape[0]
+    mid_dst = track_indices.index_select(0, torch.cat([h_rows, recompute_rows]))
+    win = _gather_extended(xbc, init_windows, windows)  # [n_mid, K-1, dim]
+    conv_state.index_copy_(0, mid_dst, win.transpose(1, 2).to(conv_state.dtype))
+    states = torch.cat([tracked_h, recomputed]) if n_h and n_rc else (
+        tracked_h if n_h else recomputed
     )
     ssm_state.index_copy_(0, mid_dst, states.to(ssm_state.dtype))
+
+
+_extend_track_op = torch.library.custom_op(
+    "hybridmeta::extend_track_save", _extend_track_impl, mutates_args=("conv_state", "ssm_state")
+)
+_extend_track_op.register_fake(no_output_fake)
