@@ -1,12 +1,7 @@
 """hybridmeta: correct-by-construction metadata, CUDA-graph buffers and decode kernels for
 hybrid Mamba2/attention inference engines."""
 
-from hybridmeta._interpret import select_triton_mode
-
-select_triton_mode()  # before any submodule imports triton
-
-
-from hybridmeta.core import (  # noqa: E402
+from hybridmeta.core import (
     BATCH,
     BOOL,
     FLOAT,
@@ -31,8 +26,8 @@ from hybridmeta.core import (  # noqa: E402
     specialized,
     tensor_field,
 )
-from hybridmeta.debug import debug_mode, is_debug  # noqa: E402
-from hybridmeta.model import (  # noqa: E402
+from hybridmeta.debug import debug_mode, is_debug
+from hybridmeta.model import (
     ForwardMetadata,
     Mamba2Metadata,
     MixedMetadata,
@@ -41,7 +36,7 @@ from hybridmeta.model import (  # noqa: E402
     prepare_decode,
     prepare_target_verify,
 )
-from hybridmeta.planner import (  # noqa: E402
+from hybridmeta.planner import (
     MixedHostPlan,
     plan_host,
     plan_mixed_batch,
