@@ -189,7 +189,7 @@ def test_capture_in_debug_mode_turns_syncing_step_checks_off() -> None:
     with debug_mode():
         runner.capture()
         assert seen and not any(seen)
-        with pytest.raises(ValueError, match="duplicate slot"):
+        with pytest.raises(ValueError, match="rows 0 and 1 hold the same slot 1"):
             runner.run(_fwd_unchecked([1, 1]))
         assert runner.run(_fwd_unchecked([3]))["y"].tolist() == [4]
 

@@ -45,6 +45,8 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Final
 
 import attrs
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from hybridmeta.core import (
@@ -116,6 +118,12 @@ class InputSpec:
     def __attrs_post_init__(self) -> None:
         if self.rows not in (BATCH, TOKENS):
             raise ValueError(f"InputSpec.rows must be BATCH or TOKENS, got {self.rows!r}")
+
+
+def _pad_of(spec: FieldSpec) -> int:
+    """The id a pad row carries in a slot field: the field's declared pad value."""
+    assert spec.pad is not None and isinstance(spec.pad.value, int), spec
+    return int(spec.pad.value)
 
 
 def _err(name: str, rule: str) -> ValueError:
@@ -353,27 +361,33 @@ class StaticBuffers:
             )
             self._pad_src[name] = self._buffers[name].clone()
 
+        # The slot table is copied (device and host) and checked once: changing the caller's
+        # tensor later changes nothing here.
         self._slot_table: torch.Tensor | None = None
+        self._table_host: npt.NDArray[np.int64] | None = None
         if slot_table is not None:
-            self._slot_table = self._check_slot_table(slot_table)
+            self._slot_table, self._table_host = self._check_slot_table(slot_table)
         self._optional = tuple(s.name for s in self._buffered if s.optional)
+        # A field governed by a Role.SUBSUMED_FLAG is used only when the step's flag is set:
+        # with the flag off, its rows are padded (the captured graph, captured with the flag
+        # on, masks its work per row, so it must see the pad, never the step's values).
+        self._gates = {
+            g: s.name for s in specs if s.role is Role.SUBSUMED_FLAG for g in s.governs
+        }
         # Flat tuples for the per-step checks (host time per step matters).
         self._static_items = tuple(self._static.items())
         self._unbuffered_names = tuple(
             s.name for s in specs if s.is_tensor and s not in self._buffered
         )
         self._field_dtypes = tuple((s.name, self._buffers[s.name].dtype) for s in self._buffered)
-        # Slot fields whose values are bounded (CPU buffers always, else debug mode):
-        # (name, bound, what the bound counts).
-        self._range_checks = tuple(
-            (s.name, self._slot_table.shape[0], "virtual slot (slot-table index)")
-            if s.role.translated and self._slot_table is not None
-            else (s.name, num_slots, "slot")
-            for s in self._buffered
-            if s.role.is_slot
-        )
+        # Step values are host data when the buffers live on the CPU: their slot rules are
+        # checked every step (no sync). On a GPU they are device data: debug mode only.
         self._host_values = self.device.type == "cpu"
         self._step_check = self._make_step_check()
+        self._slot_check = self._make_slot_check()
+        # The bucket whose rows [0:B) the buffers hold completely (a refresh or pad_all of
+        # it was the last write); None while a write is under way or after one failed.
+        self._held: Bucket | None = None
         self._plans: dict[tuple[int, int, int, int, tuple[bool, ...]], _Plan] = {}
         self._views: dict[Bucket, tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]] = {}
         self._metadata: dict[Bucket, Mamba2Metadata] = {}
@@ -457,18 +471,49 @@ class StaticBuffers:
             self._cumulative[(name, T)] = table
         return table
 
-    def _check_slot_table(self, table: torch.Tensor) -> torch.Tensor:
-        # Setup time, not the hot path: reading the table once is acceptable.
-        if table.dim() != 1 or table.dtype != self.index_dtype or table.device != self.device:
-            raise ValueError(
-                f"StaticBuffers: slot_table must be 1-D {self.index_dtype} on {self.device}, got "
+    def _check_slot_table(
+        self, table: object
+    ) -> tuple[torch.Tensor, npt.NDArray[np.int64]]:
+        """Validate the virtual -> physical table and return private copies of it (on the
+        buffers' device, and on the host for the host-side slot checks). Setup time, not
+        the hot path: reading the table once is acceptable."""
+        if (
+            not isinstance(table, torch.Tensor)
+            or table.dim() != 1
+            or table.dtype != self.index_dtype
+            or table.device != self.device
+        ):
+            got = (
                 f"{tuple(table.shape)} {table.dtype} on {table.device}"
+                if isinstance(table, torch.Tensor)
+                else type(table).__name__
             )
-        if table.numel() and bool(((table < 0) | (table >= self.num_slots)).any()):
             raise ValueError(
-                f"StaticBuffers: slot_table maps to slots outside [0, {self.num_slots})"
+                f"StaticBuffers: slot_table must be a 1-D {self.index_dtype} tensor on "
+                f"{self.device}, got {got}"
             )
-        return table
+        (spec,) = (s for s in self._buffered if s.role.translated)
+        null = _pad_of(spec)
+        host = table.detach().cpu().numpy().astype(np.int64)  # a copy, never the caller's
+        bad = np.flatnonzero((host < 0) | (host >= self.num_slots) | (host == null))
+        if bad.shape[0]:
+            v = int(bad[0])
+            raise ValueError(
+                f"StaticBuffers: slot_table maps to slots outside [0, {self.num_slots}) or to "
+                f"the pad {null}: virtual slot {v} maps to {int(host[v])} (every entry must "
+                f"be a state slot in [0, {self.num_slots}) other than the pad)"
+            )
+        order = np.argsort(host, kind="stable")
+        same = np.flatnonzero(host[order][1:] == host[order][:-1])
+        if same.shape[0]:
+            a, b = int(order[same[0]]), int(order[same[0] + 1])
+            raise ValueError(
+                f"StaticBuffers: slot_table has a duplicate entry: virtual slots {a} and {b} "
+                f"both map to physical slot {int(host[a])} (two requests would update one "
+                "state)"
+            )
+        host.flags.writeable = False
+        return table.detach().clone(), host
 
     # ------------------------------------------------------------------ properties
 
@@ -486,6 +531,15 @@ class StaticBuffers:
     def static(self) -> Mapping[str, object]:
         """Host-side metadata values fixed at capture."""
         return dict(self._static)
+
+    @property
+    def refreshed_bucket(self) -> Bucket | None:
+        """The bucket ``(B, T)`` whose rows the buffers hold completely: the bucket of the
+        last :meth:`refresh` or :meth:`pad_all` (``None`` before the first, after a write
+        that failed, or once :meth:`poison_` overwrote its rows). Only that bucket's graph
+        may be replayed: any other reads rows another step left behind
+        (:class:`~hybridmeta.graphs.GraphRunner` refuses it)."""
+        return self._held
 
     def key(self, bucket: int | Bucket) -> Bucket:
         """``(B, T)`` of a bucket; a bare ``B`` is ``(B, max_draft)``."""
@@ -556,17 +610,23 @@ class StaticBuffers:
         key = self.key(bucket)
         live_inputs = inputs if inputs is not None else {}
         bs, t, present = self._validate(step, key, live_inputs)
+        self._held = None  # until every row of the bucket is written
         self._write_live(step, bs, t, key, live_inputs, present)
-        return self._build(key)
+        md = self._build(key)
+        self._held = key
+        return md
 
     def pad_all(self, bucket: int | Bucket) -> Mamba2Metadata:
         """Fill rows ``[0:B)`` with padding (capture and warm-up: kernels do nothing)."""
         key = self.key(bucket)
         self._check_bucket(key, 1, 1)
         plan = self._plan(0, key[1], key, (False,) * len(self._optional))
+        self._held = None
         for group in plan.groups if plan.merged is None else (plan.merged,):
             torch._foreach_copy_(group.dsts, group.pads)
-        return self._build(key)
+        md = self._build(key)
+        self._held = key
+        return md
 
     def views(self, bucket: int | Bucket) -> dict[str, torch.Tensor]:
         """Views of exactly the bucket's rows of the static inputs (what a step reads)."""
@@ -585,6 +645,8 @@ class StaticBuffers:
         """
         if not 0 <= start <= self.max_bs:
             raise ValueError(f"StaticBuffers.poison_: start must be in [0, {self.max_bs}]")
+        if self._held is not None and start < self._held[0]:
+            self._held = None  # the rows of the bucket last written are overwritten
         for name, buf in self._buffers.items():
             off = self.rows_of(name, (start, self.max_draft))
             fill(name, buf[off:])
@@ -616,9 +678,10 @@ class StaticBuffers:
         if self._inputs or inputs:
             self._validate_inputs(inputs, bs, t)
         debug = is_debug()
-        if debug or self._host_values:
-            # Host-known values (CPU buffers) cost no sync to bound; on a GPU, debug only.
-            self._validate_ranges(step)
+        if (debug or self._host_values) and not self._slot_check(step, checked[2]):
+            # Host-known values (CPU buffers) cost no sync to check; on a GPU, debug only.
+            # The fast check failed: the one-by-one checks name the field, row and rule.
+            self._validate_slots(step, checked[2])
         if debug:
             self._validate_values(step, t, inputs)
         return checked
@@ -682,7 +745,15 @@ class StaticBuffers:
                 raise _err(
                     name, f"must have dtype {dtype} (the static buffer's), got {tensor.dtype}"
                 )
-        return bs, t, tuple(getattr(step, n) is not None for n in self._optional)
+        return bs, t, self._present(step)
+
+    def _present(self, step: ForwardMetadata) -> tuple[bool, ...]:
+        """Which optional buffered fields the step uses: set, and (for a field governed by
+        a subsumed flag) with the step's flag on."""
+        return tuple(
+            getattr(step, n) is not None and (n not in self._gates or bool(getattr(step, self._gates[n])))
+            for n in self._optional
+        )
 
     def _make_step_check(
         self,
@@ -732,7 +803,12 @@ class StaticBuffers:
                 f"    if _x is not None and _x.dtype is not _dt{i}:",
                 "        return None",
             ]
-        present = "".join(f"step.{n} is not None, " for n in self._optional)
+        present = "".join(
+            f"bool(step.{self._gates[n]}) and step.{n} is not None, "
+            if n in self._gates
+            else f"step.{n} is not None, "
+            for n in self._optional
+        )
         lines.append(f"    return bs, t, ({present})")
         return _compile(StaticBuffers, "step_check", lines, ns)
 
@@ -771,21 +847,218 @@ class StaticBuffers:
                 name, f"must have trailing shape {tuple(buf.shape[1:])}, got {tuple(t.shape[1:])}"
             )
 
-    def _validate_ranges(self, step: ForwardMetadata) -> None:
-        """Every slot field in range: ``[0, num_slots)`` or the pad, translated fields in
-        ``[0, len(slot_table))``. Reads values: host data, or debug mode."""
-        for name, bound, kind in self._range_checks:
-            t = getattr(step, name)
-            if t is None or not t.numel():
+    def _slot_roles(
+        self,
+    ) -> tuple[FieldSpec | None, FieldSpec | None, FieldSpec | None, tuple[FieldSpec, ...]]:
+        """The buffered working-slot, track-slot and track-mask fields (at most one of each
+        per class, the core's rule) and every other slot field, from the declarations."""
+        by_role = {s.role: s for s in self._buffered}
+        others = tuple(
+            s for s in self._buffered if s.role.is_slot and s.role is not Role.WORKING_SLOT
+            and s.role is not Role.TRACK_SLOT
+        )  # fmt: skip
+        return (
+            by_role.get(Role.WORKING_SLOT),
+            by_role.get(Role.TRACK_SLOT),
+            by_role.get(Role.TRACK_MASK),
+            others,
+        )
+
+    def _make_slot_check(self) -> Callable[[ForwardMetadata, tuple[bool, ...]], bool]:
+        """Generate ``slot_check(step, present) -> bool``: the slot rules of a live step on
+        host copies of its ids (numpy views of CPU tensors; a device read, debug mode only,
+        on a GPU), as straight-line vectorised code from the declarations (no loop over
+        rows or fields). ``False`` when a rule is broken; :meth:`_validate_slots` then
+        names it. The rules:
+
+        * the working slot of every row (every row of a step is live) is a slot in
+          ``[0, num_slots)`` other than its field's pad; with a slot table, a virtual slot
+          in ``[0, len(slot_table))`` (the table has no pad entry);
+        * every other slot field holds its pad or a slot in ``[0, num_slots)``;
+        * a row flagged in the track mask has a track slot (not the pad);
+        * the physical working slots and the flagged rows' track slots are all distinct:
+          no two rows update one state, no two flagged rows save into one slot, and no save
+          lands on a row's working slot (it would overwrite that row's live state).
+
+        Read it with ``inspect.getsource``."""
+        work, track, mask, others = self._slot_roles()
+        host = ".numpy()" if self._host_values else ".cpu().numpy()"
+        ns: dict[str, Any] = {"_np": np, "_nz": np.count_nonzero, "_table": self._table_host}
+        lines = ["def slot_check(step, present):"]
+
+        def field(spec: FieldSpec, var: str, indent: str = "    ") -> list[str]:
+            # A field's ids; None when an optional field is unused (present[i] false).
+            if spec.optional:
+                i = self._optional.index(spec.name)
+                return [f"{indent}{var} = step.{spec.name}{host} if present[{i}] else None"]
+            return [f"{indent}{var} = step.{spec.name}{host}"]
+
+        def allowed(var: str, spec: FieldSpec, indent: str) -> list[str]:
+            # {pad} | [0, num_slots): one bound check when that set is an interval.
+            pad, n = _pad_of(spec), self.num_slots
+            if -1 <= pad <= n:
+                cond = f"{var}.min() < {min(pad, 0)} or {var}.max() >= {max(n, pad + 1)}"
+            else:
+                cond = f"_nz(({var} != {pad}) & (({var} < 0) | ({var} >= {n})))"
+            return [f"{indent}if {cond}:", f"{indent}    return False"]
+
+        if work is not None:
+            lines += field(work, "_w")
+            ind = "    "
+            if work.optional:
+                lines.append("    if _w is not None:")
+                ind = "        "
+            if self._table_host is not None:
+                v = self._table_host.shape[0]
+                lines += [
+                    f"{ind}if _w.min() < 0 or _w.max() >= {v}:",
+                    f"{ind}    return False",
+                    f"{ind}_ids = _table[_w]",
+                ]
+            else:
+                pad, n = _pad_of(work), self.num_slots
+                cond = f"_w.min() < 0 or _w.max() >= {n}"
+                if 0 <= pad < n:
+                    cond += f" or _nz(_w == {pad})"
+                lines += [f"{ind}if {cond}:", f"{ind}    return False", f"{ind}_ids = _w"]
+            if work.optional:
+                lines += ["    else:", "        _ids = None"]
+        else:
+            lines.append("    _ids = None")
+        for i, spec in enumerate(others):
+            lines += field(spec, f"_o{i}")
+            lines.append(f"    if _o{i} is not None:" if spec.optional else "    if True:")
+            lines += allowed(f"_o{i}", spec, "        ")
+        if track is not None:
+            lines += field(track, "_t")
+            lines.append("    if _t is not None:" if track.optional else "    if True:")
+            lines += allowed("_t", track, "        ")
+            if mask is not None:
+                lines += field(mask, "_m", "        ")
+                lines += [
+                    "        if _m is not None:",
+                    "            _tr = _t[_m]",
+                    f"            if _nz(_tr == {_pad_of(track)}):",
+                    "                return False",
+                    "            _ids = _tr if _ids is None else _np.concatenate((_ids, _tr))",
+                ]
+        lines += [
+            "    if _ids is not None and _ids.shape[0] > 1:",
+            "        _ids = _np.sort(_ids)",
+            "        if _nz(_ids[1:] == _ids[:-1]):",
+            "            return False",
+            "    return True",
+        ]
+        return _compile(StaticBuffers, "slot_check", lines, ns)
+
+    def _validate_slots(self, step: ForwardMetadata, present: tuple[bool, ...]) -> None:
+        """The rules of :meth:`_make_slot_check`, one by one, naming the field, the row and
+        the value. Reads values: host data, or debug mode. Runs only when the fast check
+        failed, so it must raise."""
+        work, track, mask, others = self._slot_roles()
+        used = dict(zip(self._optional, present, strict=True))
+
+        def ids(spec: FieldSpec | None) -> npt.NDArray[Any] | None:
+            if spec is None or not used.get(spec.name, True):
+                return None
+            return np.asarray(getattr(step, spec.name).detach().cpu())
+
+        n = self.num_slots
+        phys = None
+        table = self._table_host
+        through = " (physical, through the slot table)" if table is not None else ""
+        w = ids(work)
+        if work is not None and w is not None:
+            pad = _pad_of(work)
+            if table is not None:
+                bad = np.flatnonzero((w < 0) | (w >= table.shape[0]))
+                if bad.shape[0]:
+                    r = int(bad[0])
+                    what = f"the pad {pad} in a live row" if w[r] == pad else "a value"
+                    raise _err(
+                        work.name,
+                        f"row {r} holds {int(w[r])} ({what}): not a virtual slot (slot-table "
+                        f"index) in [0, {table.shape[0]}); every row of a step is live and "
+                        "the slot table has no pad entry",
+                    )
+                phys = table[w]
+            else:
+                bad = np.flatnonzero((w < 0) | (w >= n) | (w == pad))
+                if bad.shape[0]:
+                    r = int(bad[0])
+                    if w[r] == pad:
+                        rule = (
+                            f"holds the pad {pad} in live row {r}: every row of a step is "
+                            f"live and needs a slot in [0, {n}) (pad rows are the buffers' "
+                            "business)"
+                        )
+                    else:
+                        rule = f"row {r} holds {int(w[r])}: not a slot in [0, {n})"
+                    raise _err(work.name, rule)
+                phys = w
+        for spec in (*others, *((track,) if track is not None else ())):
+            v = ids(spec)
+            if v is None:
                 continue
-            low, high = torch.aminmax(t)  # one pass; the row only when out of range
-            if int(low) >= -1 and int(high) < bound:
-                continue
-            bad = (t < -1) | (t >= bound)
-            r = int(bad.nonzero()[0, 0])
-            raise _err(
-                name, f"row {r} holds {int(t[r])}: not -1 (pad) nor a {kind} in [0, {bound})"
-            )
+            pad = _pad_of(spec)
+            bad = np.flatnonzero((v != pad) & ((v < 0) | (v >= n)))
+            if bad.shape[0]:
+                r = int(bad[0])
+                raise _err(
+                    spec.name, f"row {r} holds {int(v[r])}: not {pad} (pad) nor a slot in [0, {n})"
+                )
+        if phys is not None:
+            assert work is not None
+            order = np.argsort(phys, kind="stable")
+            same = np.flatnonzero(phys[order][1:] == phys[order][:-1])
+            if same.shape[0]:
+                a, b = int(order[same[0]]), int(order[same[0] + 1])
+                raise _err(
+                    work.name,
+                    f"rows {a} and {b} hold the same slot {int(phys[a])}{through}: two rows "
+                    "would update one state",
+                )
+        t = ids(track)
+        m = ids(mask)
+        if track is not None and mask is not None and t is not None and m is not None:
+            pad = _pad_of(track)
+            flagged = np.flatnonzero(m)
+            for r in flagged:  # the failure path only: name the first broken rule
+                if t[r] == pad:
+                    raise _err(
+                        track.name,
+                        f"row {int(r)} is {pad} (none) but {mask.name} flags it: a flagged "
+                        "row needs a track slot",
+                    )
+            seen: dict[int, int] = {}
+            for r in flagged:
+                s = int(t[r])
+                if s in seen:
+                    raise _err(
+                        track.name,
+                        f"rows {seen[s]} and {int(r)}, both flagged in {mask.name}, save into "
+                        f"the same track slot {s}",
+                    )
+                seen[s] = int(r)
+            if phys is not None:
+                assert work is not None
+                owner = {int(s): i for i, s in enumerate(phys)}
+                for r in flagged:
+                    j = owner.get(int(t[r]))
+                    if j is not None:
+                        whose = (
+                            f"its own {work.name}" if j == r else f"the {work.name} of row {j}"
+                        )
+                        raise _err(
+                            track.name,
+                            f"row {int(r)} (flagged in {mask.name}) saves into slot "
+                            f"{int(t[r])}, {whose}{through}: the save would overwrite live "
+                            "state",
+                        )
+        raise AssertionError(  # the generated check and these rules disagree: a bug here
+            f"StaticBuffers.refresh: the slot check refused the step but no rule names why "
+            f"(step {step!r})"
+        )
 
     def _validate_values(
         self, step: ForwardMetadata, t: int, inputs: Mapping[str, torch.Tensor]
@@ -804,6 +1077,13 @@ class StaticBuffers:
             overrides=physical,
             where=f"StaticBuffers.refresh: {type(step).__qualname__}",
         )
+        # The step class's own debug rules (a commit's draft columns in [-1, T), ...).
+        hook = getattr(self._step_class, "__validate_debug__", None)
+        if hook is not None:
+            try:
+                hook(step)
+            except ValueError as e:
+                raise ValueError(f"StaticBuffers.refresh: {e}") from e
         qsl = step.query_start_loc
         if bool(((qsl[1:] - qsl[:-1]) != t).any()):
             raise _err("query_start_loc", f"must give every row {t} token(s)")
