@@ -695,3 +695,45 @@ def test_generated_step_check_accepts_exactly_what_the_detailed_checks_accept() 
                 assert fast == slow, (step, key)
                 checked += fast is not None
     assert checked >= 10  # the accepting side is exercised too
+
+
+def test_the_slot_table_is_copied_and_frozen_at_construction() -> None:
+    # Issue 21: the table was kept by reference; changing it after construction sent slot
+    # 100 of a 16-slot pool straight to the kernels.
+    table = torch.tensor([5, 4, 3, 2, 1, 0], dtype=torch.int64)
+    buffers = _buffers(slot_table=table)
+    table[1] = 100
+    table.resize_(2)
+    md = buffers.refresh(_step([1, 5]), 2, _x(2))
+    assert md.mamba_cache_indices.tolist() == [4, 0]
+    with pytest.raises(ValueError, match=r"row 0 holds 6 \(a value\): not a virtual slot .* \[0, 6\)"):
+        buffers.refresh(_step([6]), 1, _x(1))
+
+
+def test_refreshed_bucket_names_the_bucket_the_buffers_hold_whole() -> None:
+    buffers = _buffers()
+    assert buffers.refreshed_bucket is None
+    buffers.refresh(_step([3, 1]), 4, _x(2))
+    assert buffers.refreshed_bucket == (4, 1)
+    with pytest.raises(ValueError):  # a refusal writes nothing: the bucket stays whole
+        buffers.refresh(_step([3, 3]), 2, _x(2))
+    assert buffers.refreshed_bucket == (4, 1)
+    buffers.pad_all(2)
+    assert buffers.refreshed_bucket == (2, 1)
+    buffers.poison_(2, lambda name, t: t.zero_())  # past the bucket
+    assert buffers.refreshed_bucket == (2, 1)
+    buffers.poison_(1, lambda name, t: t.zero_())  # into it
+    assert buffers.refreshed_bucket is None
+
+
+def test_a_subsumed_flag_off_pads_the_fields_it_governs() -> None:
+    # The graphs are captured with has_mamba_track_mask on (every row masked per row); a step
+    # with the flag off saves nothing eagerly, whatever its mask says: its track rows are
+    # padded, and its track values are not checked (no layer reads them).
+    buffers = _buffers()
+    _poison(buffers)
+    step = _step([1, 2], [2, -7], [True, True], has_mamba_track_mask=False)
+    md = buffers.refresh(step, 3, _x(2))
+    assert md.mamba_track_mask is not None and md.mamba_track_indices is not None
+    assert md.mamba_track_mask.tolist() == [False] * 3
+    assert md.mamba_track_indices.tolist() == [-1] * 3

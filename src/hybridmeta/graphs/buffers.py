@@ -651,6 +651,12 @@ class StaticBuffers:
             off = self.rows_of(name, (start, self.max_draft))
             fill(name, buf[off:])
 
+    def snapshot(self) -> dict[str, torch.Tensor]:
+        """Testing aid: a copy of every static buffer, whole (every row and column, past
+        any bucket too), by name. Writes nothing (unlike :meth:`poison_`, it keeps
+        :attr:`refreshed_bucket`); compare two snapshots to show a refusal wrote nothing."""
+        return {name: buf.clone() for name, buf in self._buffers.items()}
+
     # ------------------------------------------------------------------ internals
 
     def _check_bucket(self, key: Bucket, bs: int, t: int) -> None:
