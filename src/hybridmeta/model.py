@@ -525,7 +525,9 @@ class SpecCommitMetadata(Mamba2Metadata):
         # Debug mode only (reads device values): the verdict's columns index the draft. An
         # accepted_index of T (the count passed for the index) would silently skip the row.
         T = self.draft_token_num
-        checks = [("accepted_index", self.accepted_index, None)]
+        checks: list[tuple[str, torch.Tensor, torch.Tensor | None]] = [
+            ("accepted_index", self.accepted_index, None)
+        ]
         if self.has_mamba_track_mask and self.mamba_track_mask is not None:
             # track_token is read only for the flagged rows of a tracking step
             checks.append(("track_token", self.track_token, self.mamba_track_mask.bool()))

@@ -224,7 +224,8 @@ def test_commit_columns_outside_the_draft_are_refused_in_debug_mode_before_writi
         verify, accepted_index=torch.tensor(accepted), track_token=torch.tensor(token)
     )
     before = buffers.snapshot()
-    with debug_mode(), pytest.raises(ValueError, match=r"StaticBuffers\.refresh: SpecCommitMetadata\." + match):
+    refusal = r"StaticBuffers\.refresh: SpecCommitMetadata\." + match
+    with debug_mode(), pytest.raises(ValueError, match=refusal):
         buffers.refresh(cmd, (3, 2))
     after = buffers.snapshot()
     for name, t in before.items():
@@ -234,4 +235,6 @@ def test_commit_columns_outside_the_draft_are_refused_in_debug_mode_before_writi
         verify, accepted_index=torch.tensor([1, 0]), track_token=torch.tensor([9, 1])
     )
     with debug_mode():
-        assert buffers.refresh(ok, (3, 2)).accepted_index.tolist() == [1, 0, -1]
+        out = buffers.refresh(ok, (3, 2))
+    assert isinstance(out, SpecCommitMetadata)
+    assert out.accepted_index.tolist() == [1, 0, -1]

@@ -205,6 +205,10 @@ def _fwd_unchecked(slots: list[int]) -> ForwardMetadata:
 # ------------------------------------------------------- the stale tail, every public path
 
 
+def _zero(name: str, t: torch.Tensor) -> None:
+    t.zero_()
+
+
 def _state_and_buffers(model: ToyMamba, runner: GraphRunner) -> dict[str, torch.Tensor]:
     snap = runner.buffers.snapshot()
     snap["<pool>"] = model.state.clone()
@@ -255,11 +259,11 @@ def test_a_graph_handle_refuses_after_its_rows_were_overwritten_or_recaptured() 
     x = model.random_inputs(torch.Generator().manual_seed(4), 2)
     runner.buffers.refresh(_fwd(cpu, [1, 2], [-1, -1], [False, False]), 2, x)
     graph = runner.graph(2)
-    runner.buffers.poison_(1, lambda name, t: t.fill_(0))  # row 1 of bucket 2 overwritten
+    runner.buffers.poison_(1, _zero)  # row 1 of bucket 2 overwritten
     with pytest.raises(RuntimeError, match=r"the static buffers hold no complete bucket"):
         graph.replay()
     runner.buffers.refresh(_fwd(cpu, [1, 2], [-1, -1], [False, False]), 2, x)
-    runner.buffers.poison_(2, lambda name, t: t.fill_(0))  # past the bucket: it stays whole
+    runner.buffers.poison_(2, _zero)  # past the bucket: it stays whole
     graph.replay()
     runner.capture()
     runner.buffers.refresh(_fwd(cpu, [1, 2], [-1, -1], [False, False]), 2, x)
@@ -284,10 +288,14 @@ def test_a_runner_whose_capture_failed_refuses_to_run_before_writing() -> None:
     runner = GraphRunner(step, buffers, buckets=(1, 2, 4, MAX_BS))
     with pytest.raises(RuntimeError, match="out of workspace"):
         runner.capture()
-    assert not runner.captured
+    captured = [runner.captured]
     fwd = _fwd(cpu, [3, 1], [-1, -1], [False, False])
     x = model.random_inputs(torch.Generator().manual_seed(6), 2)
-    buffers.poison_(0, lambda name, t: t.fill_(True if t.dtype == torch.bool else 5))
+
+    def junk(name: str, t: torch.Tensor) -> None:
+        t.fill_(True if t.dtype == torch.bool else 5)
+
+    buffers.poison_(0, junk)
     before = _state_and_buffers(model, runner)
     refusal = (
         r"the last capture\(\) failed at bucket \(1, 1\) \(RuntimeError: out of workspace\); a "
@@ -300,7 +308,8 @@ def test_a_runner_whose_capture_failed_refuses_to_run_before_writing() -> None:
         runner.graph(2)
     fail["bucket"] = -1  # fixed: a new capture succeeds and the runner runs
     runner.capture()
-    assert runner.captured
+    captured.append(runner.captured)
+    assert captured == [False, True]
     pool, y_ref = model.oracle(model.state[:SLOTS].clone(), x, [3, 1], [-1, -1], [False] * 2)
     torch.testing.assert_close(runner.run(fwd, x)["y"], y_ref, rtol=1e-5, atol=1e-5)
     assert torch.equal(model.state[:SLOTS], pool)
@@ -327,5 +336,5 @@ def test_a_step_that_saves_nothing_saves_nothing_under_replay() -> None:
 
 def test_run_refuses_a_step_that_is_not_metadata() -> None:
     _, runner = _setup(torch.device("cpu"))
-    with pytest.raises(TypeError, match="GraphRunner.run: step must be a ForwardMetadata"):
+    with pytest.raises(TypeError, match=r"GraphRunner\.run: step must be a ForwardMetadata"):
         runner.run(None, {})  # type: ignore[arg-type]

@@ -141,7 +141,7 @@ class RefusalMachine(ReplayMachine):
         else:
             target = data.draw(st.sampled_from(others), label="replayed")
         before = self._state()
-        with pytest.raises(RuntimeError, match=r"static buffers hold .*not \(%d, 1\)" % target):
+        with pytest.raises(RuntimeError, match=rf"static buffers hold .*not \({target}, 1\)"):
             self.runner.graph(target).replay()
         self._assert_unchanged(before, f"the refused replay of bucket {target}")
         # The refreshed bucket's graph, after a refresh for it, replays the step exactly.
@@ -218,10 +218,13 @@ def test_commit_columns_outside_the_draft_are_refused_in_debug_mode(
     Tb = data.draw(st.integers(T, MAX_DRAFT), label="T bucket")
     buffers.poison_(0, poison_fill(spec.step.seed, SLOTS))
     before = buffers.snapshot()
-    with debug_mode(), pytest.raises(
-        ValueError,
-        match=rf"SpecCommitMetadata\.{field} row {row} holds {bad}: must be -1 \(none\) or a "
-        rf"draft column in \[0, draft_token_num={T}\)",
+    with (
+        debug_mode(),
+        pytest.raises(
+            ValueError,
+            match=rf"SpecCommitMetadata\.{field} row {row} holds {bad}: must be -1 \(none\) or a "
+            rf"draft column in \[0, draft_token_num={T}\)",
+        ),
     ):
         buffers.refresh(wrong, (B, Tb))
     after = buffers.snapshot()
@@ -273,11 +276,10 @@ def test_the_refresh_refuses_exactly_the_steps_that_break_a_slot_rule(
         slot_table=torch.tensor(table, dtype=index_dtype) if table is not None else None,
     )  # fmt: skip
     bs = len(v.working)
-    ix = {"dtype": index_dtype}
     step = ForwardMetadata(
-        query_start_loc=torch.arange(bs + 1, **ix),
-        mamba_cache_indices=torch.tensor(v.working, **ix),
-        mamba_track_indices=torch.tensor(v.track, **ix) if v.with_track else None,
+        query_start_loc=torch.arange(bs + 1, dtype=index_dtype),
+        mamba_cache_indices=torch.tensor(v.working, dtype=index_dtype),
+        mamba_track_indices=torch.tensor(v.track, dtype=index_dtype) if v.with_track else None,
         mamba_track_mask=torch.tensor(v.mask) if v.with_track else None,
         has_mamba_track_mask=v.flag,
     )

@@ -371,9 +371,7 @@ class StaticBuffers:
         # A field governed by a Role.SUBSUMED_FLAG is used only when the step's flag is set:
         # with the flag off, its rows are padded (the captured graph, captured with the flag
         # on, masks its work per row, so it must see the pad, never the step's values).
-        self._gates = {
-            g: s.name for s in specs if s.role is Role.SUBSUMED_FLAG for g in s.governs
-        }
+        self._gates = {g: s.name for s in specs if s.role is Role.SUBSUMED_FLAG for g in s.governs}
         # Flat tuples for the per-step checks (host time per step matters).
         self._static_items = tuple(self._static.items())
         self._unbuffered_names = tuple(
@@ -471,9 +469,7 @@ class StaticBuffers:
             self._cumulative[(name, T)] = table
         return table
 
-    def _check_slot_table(
-        self, table: object
-    ) -> tuple[torch.Tensor, npt.NDArray[np.int64]]:
+    def _check_slot_table(self, table: object) -> tuple[torch.Tensor, npt.NDArray[np.int64]]:
         """Validate the virtual -> physical table and return private copies of it (on the
         buffers' device, and on the host for the host-side slot checks). Setup time, not
         the hot path: reading the table once is acceptable."""
@@ -757,7 +753,8 @@ class StaticBuffers:
         """Which optional buffered fields the step uses: set, and (for a field governed by
         a subsumed flag) with the step's flag on."""
         return tuple(
-            getattr(step, n) is not None and (n not in self._gates or bool(getattr(step, self._gates[n])))
+            getattr(step, n) is not None
+            and (n not in self._gates or bool(getattr(step, self._gates[n])))
             for n in self._optional
         )
 
@@ -1028,37 +1025,37 @@ class StaticBuffers:
         m = ids(mask)
         if track is not None and mask is not None and t is not None and m is not None:
             pad = _pad_of(track)
-            flagged = np.flatnonzero(m)
-            for r in flagged:  # the failure path only: name the first broken rule
-                if t[r] == pad:
+            flagged: list[int] = np.flatnonzero(m).tolist()
+            for row in flagged:  # the failure path only: name the first broken rule
+                if t[row] == pad:
                     raise _err(
                         track.name,
-                        f"row {int(r)} is {pad} (none) but {mask.name} flags it: a flagged "
+                        f"row {row} is {pad} (none) but {mask.name} flags it: a flagged "
                         "row needs a track slot",
                     )
             seen: dict[int, int] = {}
-            for r in flagged:
-                s = int(t[r])
+            for row in flagged:
+                s = int(t[row])
                 if s in seen:
                     raise _err(
                         track.name,
-                        f"rows {seen[s]} and {int(r)}, both flagged in {mask.name}, save into "
+                        f"rows {seen[s]} and {row}, both flagged in {mask.name}, save into "
                         f"the same track slot {s}",
                     )
-                seen[s] = int(r)
+                seen[s] = row
             if phys is not None:
                 assert work is not None
                 owner = {int(s): i for i, s in enumerate(phys)}
-                for r in flagged:
-                    j = owner.get(int(t[r]))
+                for row in flagged:
+                    j = owner.get(int(t[row]))
                     if j is not None:
                         whose = (
-                            f"its own {work.name}" if j == r else f"the {work.name} of row {j}"
+                            f"its own {work.name}" if j == row else f"the {work.name} of row {j}"
                         )
                         raise _err(
                             track.name,
-                            f"row {int(r)} (flagged in {mask.name}) saves into slot "
-                            f"{int(t[r])}, {whose}{through}: the save would overwrite live "
+                            f"row {row} (flagged in {mask.name}) saves into slot "
+                            f"{int(t[row])}, {whose}{through}: the save would overwrite live "
                             "state",
                         )
         raise AssertionError(  # the generated check and these rules disagree: a bug here

@@ -153,7 +153,9 @@ class RuntimeOptions:
                     "num_working": "(no request could ever be admitted)",
                     "max_len": "(a request holds at least one prompt and one new token)",
                 }.get(name, "")
-                raise ValueError(f"RuntimeOptions.{name} must be >= {low}, got {value} {why}".rstrip())
+                raise ValueError(
+                    f"RuntimeOptions.{name} must be >= {low}, got {value} {why}".rstrip()
+                )
         if self.max_prefill_tokens < self.track_interval:
             raise ValueError(
                 f"RuntimeOptions.max_prefill_tokens must be >= track_interval "
@@ -165,7 +167,11 @@ class RuntimeOptions:
                 f"{self.track_interval - 1}] (a verify may cross at most one track boundary), "
                 f"got {self.spec_tokens}"
             )
-        if self.use_graphs and self.max_decode_bs is not None and self.max_decode_bs < self.num_working:
+        if (
+            self.use_graphs
+            and self.max_decode_bs is not None
+            and self.max_decode_bs < self.num_working
+        ):
             raise ValueError(
                 f"RuntimeOptions.max_decode_bs={self.max_decode_bs} is below num_working="
                 f"{self.num_working}: a decode step runs up to num_working rows and the "
