@@ -745,3 +745,23 @@ def test_a_subsumed_flag_off_pads_the_fields_it_governs() -> None:
     assert md.mamba_track_mask is not None and md.mamba_track_indices is not None
     assert md.mamba_track_mask.tolist() == [False] * 3
     assert md.mamba_track_indices.tolist() == [-1] * 3
+
+
+def test_a_write_that_fails_leaves_no_bucket_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Whatever stops a write part way (here the copy itself), the buffers then hold no
+    # complete bucket: no graph may replay them until the next refresh.
+    buffers = _buffers()
+    buffers.refresh(_step([3, 1]), 4, _x(2))
+
+    def broken(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
+        dsts[0].copy_(srcs[0])
+        raise RuntimeError("device lost")
+
+    with monkeypatch.context() as m:
+        m.setattr(torch, "_foreach_copy_", broken)
+        with pytest.raises(RuntimeError, match="device lost"):
+            buffers.refresh(_step([5, 2]), 4, _x(2))
+    held = [buffers.refreshed_bucket]
+    buffers.refresh(_step([5, 2]), 4, _x(2))
+    held.append(buffers.refreshed_bucket)
+    assert held == [None, (4, 1)]

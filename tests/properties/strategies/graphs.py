@@ -283,19 +283,50 @@ class SlotValues:
 
 
 @st.composite
-def slot_values(draw: st.DrawFn, *, bound: int, max_bs: int) -> SlotValues:
-    """Ids drawn near the rules' edges: the pads, ``[0, bound)`` and a little past it, with
-    repeats likely (small alphabets), so every slot rule is met and broken."""
+def slot_values(
+    draw: st.DrawFn, *, bound: int, max_bs: int, table: tuple[int, ...] | None = None
+) -> SlotValues:
+    """Slot values near the rules' edges, so that every slot rule is both met and broken.
+
+    Working ids (virtual ids of ``table`` when one is given: ``[0, len(table))``) are
+    distinct valid ones half of the time, valid with one repeat a quarter, else drawn from
+    a small alphabet around the edges (the pads, the bound). Each track id is the pad, a
+    free slot, a row's physical working slot (a collision), another row's track slot, or
+    out of range; two rows in three are flagged; ``has_mamba_track_mask`` is mostly on
+    when the track fields are set."""
     bs = draw(st.integers(1, max_bs))
+    n_work = len(table) if table is not None else bound
     pads = sorted({WORKING_PAD, TRACK_PAD})
-    ids = st.one_of(
-        st.integers(0, min(bound - 1, 3)),
-        st.integers(0, bound - 1),
-        st.sampled_from([*pads, pads[0] - 1, bound, bound + 1]),
+    edge = st.one_of(
+        st.integers(0, min(n_work - 1, 3)),
+        st.sampled_from([*pads, pads[0] - 1, n_work, n_work + 1]),
     )
-    working = tuple(draw(st.lists(ids, min_size=bs, max_size=bs)))
-    track = tuple(draw(st.lists(ids, min_size=bs, max_size=bs)))
-    mask = tuple(draw(st.lists(st.booleans(), min_size=bs, max_size=bs)))
-    with_track = draw(st.booleans())
-    flag = with_track and draw(st.booleans())
-    return SlotValues(working=working, track=track, mask=mask, flag=flag, with_track=with_track)
+    how = draw(st.sampled_from(["valid", "valid", "repeated", "edge"]))
+    if how == "edge":
+        working = tuple(draw(st.lists(edge, min_size=bs, max_size=bs)))
+    else:
+        picked = draw(st.permutations(range(n_work)))[:bs]
+        if how == "repeated" and bs > 1:
+            picked[draw(st.integers(1, bs - 1))] = picked[0]
+        working = tuple(picked)
+    physical = [(table[w] if table is not None else w) for w in working if 0 <= w < n_work]
+    track: list[int] = []
+    for _ in range(bs):
+        kind = draw(st.sampled_from(["free", "working", "repeat", "pad", "out"]))
+        if kind == "working" and physical:
+            track.append(draw(st.sampled_from(physical)))
+        elif kind == "repeat" and track:
+            track.append(draw(st.sampled_from(track)))
+        elif kind == "out":
+            track.append(draw(st.sampled_from([TRACK_PAD - 1, bound, bound + 2])))
+        elif kind == "pad":
+            track.append(TRACK_PAD)
+        else:  # a free slot (or a repeat / collision with nothing to repeat yet)
+            track.append(draw(st.integers(0, bound - 1)))
+    flags = st.integers(0, 2).map(lambda i: i < 2)  # flagged two times in three
+    mask = tuple(draw(st.lists(flags, min_size=bs, max_size=bs)))
+    with_track = draw(st.integers(0, 3)) < 3
+    flag = with_track and draw(st.integers(0, 3)) < 3
+    return SlotValues(
+        working=working, track=tuple(track), mask=mask, flag=flag, with_track=with_track
+    )
