@@ -886,10 +886,15 @@ class StaticBuffers:
         Read it with ``inspect.getsource``."""
         work, track, mask, others = self._slot_roles()
         host = ".numpy()" if self._host_values else ".cpu().numpy()"
-        ns: dict[str, Any] = {"_np": np, "_nz": np.count_nonzero, "_table": self._table_host}
+        n = self.num_slots
+        # Ids viewed as unsigned: a negative id becomes huge, so one max bounds both ends.
+        unsigned = np.uint64 if self.index_dtype == torch.int64 else np.uint32
+        ns: dict[str, Any] = {
+            "_np": np, "_nz": np.count_nonzero, "_table": self._table_host, "_U": unsigned,
+        }  # fmt: skip
         lines = ["def slot_check(step, present):"]
 
-        def field(spec: FieldSpec, var: str, indent: str = "    ") -> list[str]:
+        def fetch(spec: FieldSpec, var: str, indent: str = "    ") -> list[str]:
             # A field's ids; None when an optional field is unused (present[i] false).
             if spec.optional:
                 i = self._optional.index(spec.name)
@@ -897,58 +902,66 @@ class StaticBuffers:
             return [f"{indent}{var} = step.{spec.name}{host}"]
 
         def allowed(var: str, spec: FieldSpec, indent: str) -> list[str]:
-            # {pad} | [0, num_slots): one bound check when that set is an interval.
-            pad, n = _pad_of(spec), self.num_slots
-            if -1 <= pad <= n:
-                cond = f"{var}.min() < {min(pad, 0)} or {var}.max() >= {max(n, pad + 1)}"
+            # {pad} | [0, num_slots), in one bound check when that set is an interval.
+            pad = _pad_of(spec)
+            if -1 <= pad < n:  # the set is the interval [lo, n): shifted to 0, unsigned
+                lo = min(pad, 0)
+                shifted = f"({var} - {lo})" if lo else var
+                cond = f"{shifted}.view(_U).max() >= {n - lo}"
             else:
                 cond = f"_nz(({var} != {pad}) & (({var} < 0) | ({var} >= {n})))"
             return [f"{indent}if {cond}:", f"{indent}    return False"]
 
+        # _a: the ids that must be distinct slots in [0, n) (no pad among them): every
+        # physical working slot, then every flagged row's track slot. One sort bounds them
+        # and finds a repeat.
+        pads_in_range: list[tuple[str, int]] = []
         if work is not None:
-            lines += field(work, "_w")
-            ind = "    "
+            lines += fetch(work, "_w")
             if work.optional:
-                lines.append("    if _w is not None:")
-                ind = "        "
-            if self._table_host is not None:
+                lines.append("    _a = _w")
+            elif self._table_host is not None:
                 v = self._table_host.shape[0]
+                # virtual ids in [0, len(table)); the table's entries are slots, none a pad
                 lines += [
-                    f"{ind}if _w.min() < 0 or _w.max() >= {v}:",
-                    f"{ind}    return False",
-                    f"{ind}_ids = _table[_w]",
+                    f"    if _w.view(_U).max() >= {v}:",
+                    "        return False",
+                    "    _a = _table[_w]",
                 ]
             else:
-                pad, n = _pad_of(work), self.num_slots
-                cond = f"_w.min() < 0 or _w.max() >= {n}"
-                if 0 <= pad < n:
-                    cond += f" or _nz(_w == {pad})"
-                lines += [f"{ind}if {cond}:", f"{ind}    return False", f"{ind}_ids = _w"]
-            if work.optional:
-                lines += ["    else:", "        _ids = None"]
+                lines.append("    _a = _w")
+                if 0 <= _pad_of(work) < n:
+                    pads_in_range.append(("_w", _pad_of(work)))
         else:
-            lines.append("    _ids = None")
+            lines.append("    _a = None")
         for i, spec in enumerate(others):
-            lines += field(spec, f"_o{i}")
-            lines.append(f"    if _o{i} is not None:" if spec.optional else "    if True:")
+            lines += fetch(spec, f"_o{i}")
+            lines.append(f"    if _o{i} is not None:")
             lines += allowed(f"_o{i}", spec, "        ")
         if track is not None:
-            lines += field(track, "_t")
-            lines.append("    if _t is not None:" if track.optional else "    if True:")
+            lines += fetch(track, "_t")
+            lines.append("    if _t is not None:")
             lines += allowed("_t", track, "        ")
             if mask is not None:
-                lines += field(mask, "_m", "        ")
+                lines += fetch(mask, "_m", "        ")
                 lines += [
                     "        if _m is not None:",
                     "            _tr = _t[_m]",
-                    f"            if _nz(_tr == {_pad_of(track)}):",
-                    "                return False",
-                    "            _ids = _tr if _ids is None else _np.concatenate((_ids, _tr))",
                 ]
+                if 0 <= _pad_of(track) < n:
+                    lines += [
+                        f"            if _nz(_tr == {_pad_of(track)}):",
+                        "                return False",
+                    ]
+                lines.append(
+                    "            _a = _tr if _a is None else _np.concatenate((_a, _tr))"
+                )
+        for var, pad in pads_in_range:
+            lines += [f"    if _nz({var} == {pad}):", "        return False"]
         lines += [
-            "    if _ids is not None and _ids.shape[0] > 1:",
-            "        _ids = _np.sort(_ids)",
-            "        if _nz(_ids[1:] == _ids[:-1]):",
+            "    if _a is not None and _a.shape[0]:",
+            "        _a = _np.sort(_a)",  # a copy: never reorder the step's own ids
+            f"        if _a[0] < 0 or _a[-1] >= {n} or _nz(_a[1:] == _a[:-1]):",
             "            return False",
             "    return True",
         ]
