@@ -32,10 +32,16 @@ exactly one place, :meth:`StaticBuffers._translate`, for the fields whose role i
 translated (``Role.WORKING_SLOT``).
 
 Checks before anything is written: structure always (shapes, dtypes, devices, host
-values); slot ranges always when the step's values live on the host (CPU buffers: the
-bound costs no sync), on a GPU in debug mode; every declared value rule
-(:func:`hybridmeta.core.check_values`, on *physical* ids after translation) and NaN inputs
-in debug mode.
+values); the slot rules of a live step (ids in range, no pad in a live row's working
+slot, distinct physical working slots, a flagged row's track slot present, distinct and
+never a working slot) always when the step's values live on the host (CPU buffers: no
+sync), on a GPU in debug mode; every other declared value rule
+(:func:`hybridmeta.core.check_values`, on *physical* ids after translation, the step
+class's ``__validate_debug__``) and NaN inputs in debug mode. The slot table is copied and
+checked (slots, no pad, no duplicate) at construction.
+
+:attr:`StaticBuffers.refreshed_bucket` is the bucket whose rows the buffers hold whole (the
+last refresh or pad of it); :class:`~hybridmeta.graphs.GraphRunner` replays no other.
 """
 
 from __future__ import annotations
@@ -597,11 +603,18 @@ class StaticBuffers:
         Raises
         ------
         ValueError
-            Naming the field and the rule, before anything is written. Slot ranges are
-            checked always on CPU buffers and in debug mode on a GPU (a device read); the
-            declared value rules (:func:`hybridmeta.core.check_values` on physical ids:
-            duplicates, pad values in live rows, track slots that are working slots,
-            offsets) and NaN inputs in debug mode only.
+            Naming the field and the rule, before anything is written. The slot rules
+            (ranges, a pad id in a live row's working slot, duplicate physical working
+            slots, a flagged row without a track slot, two flagged rows saving into one
+            slot, a save onto a working slot) are checked always on CPU buffers and in
+            debug mode on a GPU (a device read); the other declared value rules
+            (:func:`hybridmeta.core.check_values`: offsets; the step class's
+            ``__validate_debug__``: a commit's draft columns) and NaN inputs in debug
+            mode only.
+
+        A field governed by a ``Role.SUBSUMED_FLAG`` that the step sets while its flag is
+        off (``has_mamba_track_mask=False`` beside a track mask) is padded, as the eager
+        ops ignore it: the graph, captured with the flag on, would act on its rows.
         """
         key = self.key(bucket)
         live_inputs = inputs if inputs is not None else {}
