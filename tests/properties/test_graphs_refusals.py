@@ -26,13 +26,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import pytest
 import torch
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule, run_state_machine_as_test
 
-from hybridmeta import ForwardMetadata, debug_mode, prepare_target_verify
+from hybridmeta import ForwardMetadata, Pad, debug_mode, prepare_target_verify
 from hybridmeta.graphs import StaticBuffers
 from hybridmeta.model import SpecCommitMetadata, prepare_commit
 from tests.properties.strategies.graphs import (
@@ -242,30 +243,46 @@ def test_commit_columns_outside_the_draft_are_refused_in_debug_mode(
 POOL, ROWS = 6, 4
 
 
-def _rules_broken(v: SlotValues, table: list[int] | None) -> bool:
+def _rules_broken(
+    v: SlotValues,
+    table: list[int] | None,
+    working_pad: int = WORKING_PAD,
+    track_pad: int = TRACK_PAD,
+) -> bool:
     """The slot rules of a live step, stated independently of the implementation."""
     if table is not None:
         if any(not 0 <= w < len(table) for w in v.working):
             return True
         phys = [table[w] for w in v.working]
     else:
-        if any(not 0 <= w < POOL or w == WORKING_PAD for w in v.working):
+        if any(not 0 <= w < POOL or w == working_pad for w in v.working):
             return True
         phys = list(v.working)
     ids = list(phys)
     if v.with_track and v.flag:  # the track fields are used only with the flag on
-        if any(t != TRACK_PAD and not 0 <= t < POOL for t in v.track):
+        if any(t != track_pad and not 0 <= t < POOL for t in v.track):
             return True
         tracked = [t for t, m in zip(v.track, v.mask, strict=True) if m]
-        if TRACK_PAD in tracked:
+        if track_pad in tracked:
             return True
         ids += tracked
     return len(set(ids)) != len(ids)
 
 
+def _step_of(v: SlotValues, index_dtype: torch.dtype) -> ForwardMetadata:
+    bs = len(v.working)
+    return ForwardMetadata(
+        query_start_loc=torch.arange(bs + 1, dtype=index_dtype),
+        mamba_cache_indices=torch.tensor(v.working, dtype=index_dtype),
+        mamba_track_indices=torch.tensor(v.track, dtype=index_dtype) if v.with_track else None,
+        mamba_track_mask=torch.tensor(v.mask) if v.with_track else None,
+        has_mamba_track_mask=v.flag,
+    )
+
+
 # Cheap examples (no graph, a few host ops each): ten times the profile's count, so that
 # every rule is met by many of them (tests/properties/strategies/graphs.py:slot_values).
-@settings(settings.default, max_examples=10 * (settings.default.max_examples or 100))
+@settings(max_examples=10 * settings().max_examples)
 @given(
     use_table=st.booleans(),
     index_dtype=st.sampled_from([torch.int64, torch.int32]),
@@ -283,13 +300,7 @@ def test_the_refresh_refuses_exactly_the_steps_that_break_a_slot_rule(
         slot_table=torch.tensor(table, dtype=index_dtype) if table is not None else None,
     )  # fmt: skip
     bs = len(v.working)
-    step = ForwardMetadata(
-        query_start_loc=torch.arange(bs + 1, dtype=index_dtype),
-        mamba_cache_indices=torch.tensor(v.working, dtype=index_dtype),
-        mamba_track_indices=torch.tensor(v.track, dtype=index_dtype) if v.with_track else None,
-        mamba_track_mask=torch.tensor(v.mask) if v.with_track else None,
-        has_mamba_track_mask=v.flag,
-    )
+    step = _step_of(v, index_dtype)
     broken = _rules_broken(v, table)
     present = buffers._present(step)
     assert buffers._slot_check(step, present) is not broken  # the generated fast check
@@ -303,3 +314,32 @@ def test_the_refresh_refuses_exactly_the_steps_that_break_a_slot_rule(
         md = buffers.refresh(step, ROWS)
         want = [table[w] for w in v.working] if table is not None else list(v.working)
         assert md.mamba_cache_indices.tolist() == want + [WORKING_PAD] * (ROWS - bs)
+
+
+@settings(max_examples=5 * settings().max_examples)
+@given(use_table=st.booleans(), data=st.data())
+def test_the_slot_rules_follow_the_declared_pad(use_table: bool, data: st.DataObject) -> None:
+    # The slot check takes each slot field's pad from its declaration (vLLM's null slot 0,
+    # a reserved slot of the pool, as well as -1): declarations with pad 0, the generated
+    # check and the one-by-one checks against the oracle with that pad.
+    null = 0
+    table = data.draw(st.permutations(range(1, POOL)), label="table") if use_table else None
+    buffers = StaticBuffers(max_bs=ROWS, num_slots=POOL, device="cpu")
+    buffers._buffered = tuple(
+        attrs.evolve(s, pad=Pad.value(null)) if s.role.is_slot else s for s in buffers._buffered
+    )
+    if table is not None:  # the table check reads the declared pad too: it refuses slot 0
+        with pytest.raises(ValueError, match=r"virtual slot 2 maps to 0 .*other than the pad"):
+            buffers._check_slot_table(torch.tensor([3, 1, 0]))
+        buffers._slot_table, buffers._table_host = buffers._check_slot_table(torch.tensor(table))
+    buffers._slot_check = buffers._make_slot_check()
+    v: SlotValues = data.draw(
+        slot_values(bound=POOL, max_bs=ROWS, table=tuple(table) if table else None), label="ids"
+    )
+    step = _step_of(v, torch.int64)
+    broken = _rules_broken(v, table, working_pad=null, track_pad=null)
+    present = buffers._present(step)
+    assert buffers._slot_check(step, present) is not broken
+    if broken:
+        with pytest.raises(ValueError, match=r"StaticBuffers\.refresh: mamba_(cache|track)_ind"):
+            buffers._validate_slots(step, present)

@@ -63,6 +63,7 @@ from hybridmeta.core import (
     FieldSpec,
     Role,
     _compile,
+    _hooks,
     check_values,
     fields_of,
     source_of,
@@ -1106,9 +1107,9 @@ class StaticBuffers:
             overrides=physical,
             where=f"StaticBuffers.refresh: {type(step).__qualname__}",
         )
-        # The step class's own debug rules (a commit's draft columns in [-1, T), ...).
-        hook = getattr(self._step_class, "__validate_debug__", None)
-        if hook is not None:
+        # The step classes' own debug rules (a commit's draft columns in [-1, T), ...):
+        # every class's __validate_debug__ hook, bases first, as on construction.
+        for hook in _hooks(self._step_class, "__validate_debug__"):
             try:
                 hook(step)
             except ValueError as e:
