@@ -286,11 +286,14 @@ def _step_of(v: SlotValues, index_dtype: torch.dtype) -> ForwardMetadata:
 @given(
     use_table=st.booleans(),
     index_dtype=st.sampled_from([torch.int64, torch.int32]),
+    list_rows=st.sampled_from([0, ROWS]),
     data=st.data(),
 )
 def test_the_refresh_refuses_exactly_the_steps_that_break_a_slot_rule(
-    use_table: bool, index_dtype: torch.dtype, data: st.DataObject
+    use_table: bool, index_dtype: torch.dtype, list_rows: int, data: st.DataObject
 ) -> None:
+    # list_rows: the host check runs on Python lists up to that many rows, on numpy arrays
+    # past them: 0 takes the arrays for every step, ROWS the lists.
     table = data.draw(st.permutations(range(POOL)), label="table")[:5] if use_table else None
     v: SlotValues = data.draw(
         slot_values(bound=POOL, max_bs=ROWS, table=tuple(table) if table else None), label="ids"
@@ -299,6 +302,7 @@ def test_the_refresh_refuses_exactly_the_steps_that_break_a_slot_rule(
         max_bs=ROWS, num_slots=POOL, device="cpu", index_dtype=index_dtype,
         slot_table=torch.tensor(table, dtype=index_dtype) if table is not None else None,
     )  # fmt: skip
+    buffers._slot_check = buffers._make_slot_check(list_rows=list_rows)
     bs = len(v.working)
     step = _step_of(v, index_dtype)
     broken = _rules_broken(v, table)
@@ -317,8 +321,10 @@ def test_the_refresh_refuses_exactly_the_steps_that_break_a_slot_rule(
 
 
 @settings(max_examples=5 * settings().max_examples)
-@given(use_table=st.booleans(), data=st.data())
-def test_the_slot_rules_follow_the_declared_pad(use_table: bool, data: st.DataObject) -> None:
+@given(use_table=st.booleans(), list_rows=st.sampled_from([0, ROWS]), data=st.data())
+def test_the_slot_rules_follow_the_declared_pad(
+    use_table: bool, list_rows: int, data: st.DataObject
+) -> None:
     # The slot check takes each slot field's pad from its declaration (vLLM's null slot 0,
     # a reserved slot of the pool, as well as -1): declarations with pad 0, the generated
     # check and the one-by-one checks against the oracle with that pad.
@@ -332,7 +338,7 @@ def test_the_slot_rules_follow_the_declared_pad(use_table: bool, data: st.DataOb
         with pytest.raises(ValueError, match=r"virtual slot 2 maps to 0 .*other than the pad"):
             buffers._check_slot_table(torch.tensor([3, 1, 0]))
         buffers._slot_table, buffers._table_host = buffers._check_slot_table(torch.tensor(table))
-    buffers._slot_check = buffers._make_slot_check()
+    buffers._slot_check = buffers._make_slot_check(list_rows=list_rows)
     v: SlotValues = data.draw(
         slot_values(bound=POOL, max_bs=ROWS, table=tuple(table) if table else None), label="ids"
     )

@@ -139,6 +139,10 @@ def _err(name: str, rule: str) -> ValueError:
 
 _BYTE: Final = torch.uint8
 
+#: Up to this many rows the host-side slot check runs on Python lists (each numpy call
+#: costs more than the whole check on a short list), past it on numpy arrays.
+_LIST_ROWS: Final = 32
+
 # A live destination of a refresh: (is_input, name, shape the source is viewed as or None).
 _Live = tuple[bool, str, tuple[int, ...] | None]
 
@@ -881,12 +885,15 @@ class StaticBuffers:
             others,
         )
 
-    def _make_slot_check(self) -> Callable[[ForwardMetadata, tuple[bool, ...]], bool]:
+    def _make_slot_check(
+        self, list_rows: int = _LIST_ROWS
+    ) -> Callable[[ForwardMetadata, tuple[bool, ...]], bool]:
         """Generate ``slot_check(step, present) -> bool``: the slot rules of a live step on
-        host copies of its ids (numpy views of CPU tensors; a device read, debug mode only,
-        on a GPU), as straight-line vectorised code from the declarations (no loop over
-        rows or fields). ``False`` when a rule is broken; :meth:`_validate_slots` then
-        names it. The rules:
+        host copies of its ids (CPU tensors; a device read, debug mode only, on a GPU), as
+        straight-line code from the declarations (no loop over fields): on Python lists up
+        to ``list_rows`` rows, past them on numpy arrays (no loop over rows; one sort
+        bounds the ids and finds a repeat). ``False`` when a rule is broken;
+        :meth:`_validate_slots` then names it. The rules:
 
         * the working slot of every row (every row of a step is live) is a slot in
           ``[0, num_slots)`` other than its field's pad; with a slot table, a virtual slot
@@ -899,85 +906,101 @@ class StaticBuffers:
 
         Read it with ``inspect.getsource``."""
         work, track, mask, others = self._slot_roles()
-        host = ".numpy()" if self._host_values else ".cpu().numpy()"
+        if work is None or work.optional:  # the row count's field: always set
+            raise AssertionError("StaticBuffers: the working slot field must be required")
         n = self.num_slots
+        table = self._table_host
         # Ids viewed as unsigned: a negative id becomes huge, so one max bounds both ends.
         unsigned = np.uint64 if self.index_dtype == torch.int64 else np.uint32
         ns: dict[str, Any] = {
-            "_np": np, "_nz": np.count_nonzero, "_table": self._table_host, "_U": unsigned,
+            "_np": np, "_nz": np.count_nonzero, "_table": table, "_U": unsigned,
+            "_table_list": table.tolist() if table is not None else None,
         }  # fmt: skip
-        lines = ["def slot_check(step, present):"]
 
-        def fetch(spec: FieldSpec, var: str, indent: str = "    ") -> list[str]:
+        def fetch(spec: FieldSpec, var: str, conv: str, indent: str) -> list[str]:
             # A field's ids; None when an optional field is unused (present[i] false).
             if spec.optional:
                 i = self._optional.index(spec.name)
-                return [f"{indent}{var} = step.{spec.name}{host} if present[{i}] else None"]
-            return [f"{indent}{var} = step.{spec.name}{host}"]
+                return [f"{indent}{var} = step.{spec.name}{conv} if present[{i}] else None"]
+            return [f"{indent}{var} = step.{spec.name}{conv}"]
 
-        def allowed(var: str, spec: FieldSpec, indent: str) -> list[str]:
-            # {pad} | [0, num_slots), in one bound check when that set is an interval.
-            pad = _pad_of(spec)
-            if -1 <= pad < n:  # the set is the interval [lo, n): shifted to 0, unsigned
-                lo = min(pad, 0)
-                shifted = f"({var} - {lo})" if lo else var
-                cond = f"{shifted}.view(_U).max() >= {n - lo}"
-            else:
-                cond = f"_nz(({var} != {pad}) & (({var} < 0) | ({var} >= {n})))"
-            return [f"{indent}if {cond}:", f"{indent}    return False"]
+        def body(lists: bool, ind: str) -> list[str]:
+            """The rules on Python lists (few rows: each numpy call costs more than a
+            short list) or on numpy arrays (no loop over rows). ``_a`` collects the ids
+            that must be distinct slots in [0, n) with no pad among them: every physical
+            working slot, then every flagged row's track slot."""
+            conv = ".tolist()" if lists else ".numpy()" if self._host_values else ".cpu().numpy()"
 
-        # _a: the ids that must be distinct slots in [0, n) (no pad among them): every
-        # physical working slot, then every flagged row's track slot. One sort bounds them
-        # and finds a repeat.
-        pads_in_range: list[tuple[str, int]] = []
-        if work is not None:
-            lines += fetch(work, "_w")
-            if work.optional:
-                lines.append("    _a = _w")
-            elif self._table_host is not None:
-                v = self._table_host.shape[0]
+            def fail_if(cond: str, at: str) -> list[str]:
+                return [f"{at}if {cond}:", f"{at}    return False"]
+
+            def has(var: str, value: int) -> str:
+                return f"{value} in {var}" if lists else f"_nz({var} == {value})"
+
+            def allowed(var: str, spec: FieldSpec, at: str) -> list[str]:
+                # {pad} | [0, n): one bound check when that set is an interval [lo, n)
+                pad = _pad_of(spec)
+                if -1 <= pad < n:
+                    lo = min(pad, 0)
+                    if lists:
+                        return fail_if(f"min({var}) < {lo} or max({var}) >= {n}", at)
+                    shifted = f"({var} + {-lo})" if lo else var
+                    return fail_if(f"{shifted}.view(_U).max() >= {n - lo}", at)
+                if lists:
+                    return fail_if(f"any(x != {pad} and not 0 <= x < {n} for x in {var})", at)
+                return fail_if(f"_nz(({var} != {pad}) & (({var} < 0) | ({var} >= {n})))", at)
+
+            out = fetch(work, "_w", conv, ind)
+            if table is not None:
                 # virtual ids in [0, len(table)); the table's entries are slots, none a pad
-                lines += [
-                    f"    if _w.view(_U).max() >= {v}:",
-                    "        return False",
-                    "    _a = _table[_w]",
-                ]
+                v = table.shape[0]
+                if lists:
+                    out += fail_if(f"min(_w) < 0 or max(_w) >= {v}", ind)
+                    out.append(f"{ind}_a = [_table_list[x] for x in _w]")
+                else:
+                    out += fail_if(f"_w.view(_U).max() >= {v}", ind)
+                    out.append(f"{ind}_a = _table[_w]")
             else:
-                lines.append("    _a = _w")
-                if 0 <= _pad_of(work) < n:
-                    pads_in_range.append(("_w", _pad_of(work)))
-        else:
-            lines.append("    _a = None")
-        for i, spec in enumerate(others):
-            lines += fetch(spec, f"_o{i}")
-            lines.append(f"    if _o{i} is not None:")
-            lines += allowed(f"_o{i}", spec, "        ")
-        if track is not None:
-            lines += fetch(track, "_t")
-            lines.append("    if _t is not None:")
-            lines += allowed("_t", track, "        ")
-            if mask is not None:
-                lines += fetch(mask, "_m", "        ")
-                lines += [
-                    "        if _m is not None:",
-                    "            _tr = _t[_m]",
-                ]
-                if 0 <= _pad_of(track) < n:
-                    lines += [
-                        f"            if _nz(_tr == {_pad_of(track)}):",
-                        "                return False",
-                    ]
-                lines.append(
-                    "            _a = _tr if _a is None else _np.concatenate((_a, _tr))"
+                out.append(f"{ind}_a = _w")
+                if 0 <= _pad_of(work) < n:  # a pad inside the pool: not a live row's slot
+                    out += fail_if(has("_w", _pad_of(work)), ind)
+            for i, spec in enumerate(others):
+                out += fetch(spec, f"_o{i}", conv, ind)
+                out.append(f"{ind}if _o{i} is not None:")
+                out += allowed(f"_o{i}", spec, ind + "    ")
+            if track is not None:
+                out += fetch(track, "_t", conv, ind)
+                out.append(f"{ind}if _t is not None:")
+                out += allowed("_t", track, ind + "    ")
+                if mask is not None:
+                    at = ind + "        "
+                    out += fetch(mask, "_m", conv, ind + "    ")
+                    out.append(f"{ind}    if _m is not None:")
+                    if lists:
+                        out.append(f"{at}_tr = [x for x, k in zip(_t, _m) if k]")
+                    else:
+                        out.append(f"{at}_tr = _t[_m]")
+                    if 0 <= _pad_of(track) < n:
+                        out += fail_if(has("_tr", _pad_of(track)), at)
+                    out.append(
+                        f"{at}_a = _a + _tr" if lists else f"{at}_a = _np.concatenate((_a, _tr))"
+                    )
+            if lists:
+                out.append(
+                    f"{ind}return min(_a) >= 0 and max(_a) < {n} and len(set(_a)) == len(_a)"
                 )
-        for var, pad in pads_in_range:
-            lines += [f"    if _nz({var} == {pad}):", "        return False"]
-        lines += [
-            "    if _a is not None and _a.shape[0]:",
-            "        _a = _np.sort(_a)",  # a copy: never reorder the step's own ids
-            f"        if _a[0] < 0 or _a[-1] >= {n} or _nz(_a[1:] == _a[:-1]):",
-            "            return False",
-            "    return True",
+            else:
+                out += [
+                    f"{ind}_a = _np.sort(_a)",  # a copy: never reorder the step's own ids
+                    f"{ind}return not (_a[0] < 0 or _a[-1] >= {n} or _nz(_a[1:] == _a[:-1]))",
+                ]
+            return out
+
+        lines = [
+            "def slot_check(step, present):",
+            f"    if step.{work.name}.shape[0] <= {list_rows}:",
+            *body(True, "        "),
+            *body(False, "    "),
         ]
         return _compile(StaticBuffers, "slot_check", lines, ns)
 
