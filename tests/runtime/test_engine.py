@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import attrs
 import pytest
 import torch
 
@@ -238,6 +239,52 @@ def test_runtime_options_are_validated(tiny_model: NemotronH) -> None:
         Runtime(tiny_model, _opts(track_interval=12))
     with pytest.raises(ValueError, match="max_prefill_tokens must be >= track_interval"):
         Runtime(tiny_model, _opts(max_prefill_tokens=8))
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        # Issue 21: accepted, then run() died after the prefill had written state.
+        ({"num_working": 4, "max_decode_bs": 2},
+         r"RuntimeOptions\.max_decode_bs=2 is below num_working=4: a decode step runs up to "
+         r"num_working rows and the largest captured bucket must hold them all"),
+        ({"num_working": 3, "max_decode_bs": 2, "spec_tokens": 2},
+         r"max_decode_bs=2 is below num_working=3"),
+        ({"num_working": 0}, r"num_working must be >= 1, got 0 \(no request could ever be admitted\)"),
+        ({"num_track": 0}, r"num_track must be >= 1, got 0"),
+        ({"max_len": 1}, r"max_len must be >= 2, got 1 \(a request holds at least one prompt"),
+        ({"track_interval": 0}, r"track_interval must be >= 1, got 0"),
+        ({"track_interval": -16}, r"track_interval must be >= 1, got -16"),
+        ({"max_prefill_tokens": 8}, r"max_prefill_tokens must be >= track_interval 16, got 8"),
+        ({"max_decode_bs": 0}, r"max_decode_bs must be >= 1, got 0"),
+        ({"spec_tokens": 16}, r"spec_tokens must lie in \[0, track_interval - 1 = 15\]"),
+        ({"spec_tokens": -1}, r"spec_tokens must lie in"),
+        ({"spec_ngram": 0}, r"spec_ngram must be >= 1, got 0"),
+        ({"num_working": 2.0}, r"num_working must be an int, got float 2.0"),
+        ({"max_decode_bs": True}, r"max_decode_bs must be an int, got bool True"),
+        ({"use_graphs": 1}, r"use_graphs must be a bool, got int 1"),
+        ({"overlap_decode": "no"}, r"overlap_decode must be a bool, got str 'no'"),
+    ],
+)  # fmt: skip
+def test_runtime_options_that_cannot_run_are_refused_at_construction(
+    kw: dict[str, Any], match: str
+) -> None:
+    with pytest.raises(ValueError, match=match):
+        _opts(**kw)
+
+
+def test_runtime_options_that_can_run_are_accepted(tiny_model: NemotronH) -> None:
+    # Eager decode has no bucket to outgrow; a bucket larger than num_working is unused.
+    eager = _opts(num_working=4, max_decode_bs=2, use_graphs=False)
+    wide = _opts(num_working=2, max_decode_bs=4)
+    for opts in (eager, wide):
+        rt = Runtime(tiny_model, opts)
+        for p in ([1, 2, 3], [4, 5], [6]):
+            rt.submit(p, 2)
+        assert len(rt.run()) == 3
+    # An evolved copy is validated too.
+    with pytest.raises(ValueError, match="max_decode_bs=2 is below num_working=4"):
+        attrs.evolve(eager, use_graphs=True)
 
 
 def test_identical_prompts_in_one_step_share_one_track_slot(tiny_model: NemotronH) -> None:

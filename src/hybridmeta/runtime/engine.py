@@ -121,6 +121,64 @@ class RuntimeOptions:
     spec_ngram: int = 3
     overlap_decode: bool = True
 
+    def __attrs_post_init__(self) -> None:
+        # Every combination that cannot run is refused here, before a Runtime allocates a
+        # pool, captures a graph or writes any state (the model-dependent rule, the track
+        # interval against the model's chunk size, is Runtime's).
+        for name in ("use_graphs", "use_prefix_cache", "sync_timing", "overlap_decode"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise ValueError(
+                    f"RuntimeOptions.{name} must be a bool, got {type(value).__name__} {value!r}"
+                )
+        for name, low in (
+            ("num_working", 1),
+            ("num_track", 1),
+            ("max_len", 2),
+            ("track_interval", 1),
+            ("max_prefill_tokens", 1),
+            ("spec_tokens", None),
+            ("spec_ngram", 1),
+            ("max_decode_bs", 1),
+        ):
+            value = getattr(self, name)
+            if value is None and name == "max_decode_bs":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(
+                    f"RuntimeOptions.{name} must be an int, got {type(value).__name__} {value!r}"
+                )
+            if low is not None and value < low:
+                why = {
+                    "num_working": "(no request could ever be admitted)",
+                    "max_len": "(a request holds at least one prompt and one new token)",
+                }.get(name, "")
+                raise ValueError(
+                    f"RuntimeOptions.{name} must be >= {low}, got {value} {why}".rstrip()
+                )
+        if self.max_prefill_tokens < self.track_interval:
+            raise ValueError(
+                f"RuntimeOptions.max_prefill_tokens must be >= track_interval "
+                f"{self.track_interval}, got {self.max_prefill_tokens}"
+            )
+        if not 0 <= self.spec_tokens < self.track_interval:
+            raise ValueError(
+                f"RuntimeOptions.spec_tokens must lie in [0, track_interval - 1 = "
+                f"{self.track_interval - 1}] (a verify may cross at most one track boundary), "
+                f"got {self.spec_tokens}"
+            )
+        if (
+            self.use_graphs
+            and self.max_decode_bs is not None
+            and self.max_decode_bs < self.num_working
+        ):
+            raise ValueError(
+                f"RuntimeOptions.max_decode_bs={self.max_decode_bs} is below num_working="
+                f"{self.num_working}: a decode step runs up to num_working rows and the "
+                "largest captured bucket must hold them all (leave max_decode_bs at None for "
+                "num_working, or set use_graphs=False)"
+            )
+
 
 @attrs.define(eq=False)
 class Request:
@@ -225,21 +283,7 @@ class Runtime:
                 f"RuntimeOptions.track_interval must be a multiple of the model's chunk_size "
                 f"{cfg.chunk_size}, got {opts.track_interval}"
             )
-        if opts.max_prefill_tokens < opts.track_interval:
-            raise ValueError(
-                f"RuntimeOptions.max_prefill_tokens must be >= track_interval "
-                f"{opts.track_interval}, got {opts.max_prefill_tokens}"
-            )
-        if opts.num_track < 1:
-            raise ValueError(f"RuntimeOptions.num_track must be >= 1, got {opts.num_track}")
-        if not 0 <= opts.spec_tokens < opts.track_interval:
-            raise ValueError(
-                f"RuntimeOptions.spec_tokens must lie in [0, track_interval - 1 = "
-                f"{opts.track_interval - 1}] (a verify may cross at most one track boundary), "
-                f"got {opts.spec_tokens}"
-            )
-        if opts.spec_ngram < 1:
-            raise ValueError(f"RuntimeOptions.spec_ngram must be >= 1, got {opts.spec_ngram}")
+        # Every rule of the options alone was checked when they were built.
         param = model.embeddings.weight
         self.model = model
         self.options = opts
