@@ -657,7 +657,107 @@ def _plan(
     device: torch.device | None,
 ) -> MixedHostPlan | Mamba2Metadata:
     """:func:`plan_host`; with a ``device``, :func:`plan_mixed_batch`: the plan is packed
-    for the device as it is computed (:class:`_Staging`), and no host plan is kept."""
+    for the device as it is computed (:class:`_Staging`), and no host plan is kept.
+
+    The phases, in order: the arguments (:func:`_rows`), the track kinds
+    (:func:`_track_kinds`), and for a batch with prefill rows the chunks
+    (:func:`_chunks`), the conv windows (:func:`_conv_windows`), the mid-row saves
+    (:func:`_mid_saves`) and the token-sized parts, written where they are staged
+    (:func:`_token_parts`). A decode-only batch (the hot path of a decode step) skips
+    the prefill phases: its rows have one token each, so a save is always the row's final
+    token.
+    """
+    ext, pre, slt, tmask, tslots, ext_min = _rows(
+        extend_lens, prefix_lens, slots, num_decodes, chunk_size, conv_kernel,
+        track_interval, track_mask, track_slots,
+    )  # fmt: skip
+    n_rows = ext.shape[0]
+    n_pre = n_rows - num_decodes
+    qsl = np.empty(n_rows + 1, dtype=np.int64)
+    qsl[0] = 0
+    ext.cumsum(out=qsl[1:])
+    total = int(qsl[n_pre])  # flattened prefill tokens
+    track_out, is_final, final_rows, mid_rows, rem = _track_kinds(
+        ext, pre, tmask, tslots, track_interval
+    )
+    track = track_mask is not None
+    if not n_pre:
+        if device is not None:
+            staging, _ = _pack(device, [qsl, slt, track_out], (), [is_final], _ORDER_ROWS)
+            return _metadata(
+                staging.views(device), {}, 0, num_decodes, 0, chunk_size, conv_kernel, track,
+                bool(final_rows),
+            )  # fmt: skip
+        parts: tuple[IntArray, ...] = (qsl, slt, track_out, is_final.astype(np.int64))
+        return _host_plan(
+            parts, 0, num_decodes, 0, chunk_size, conv_kernel, track, final_rows, _EMPTY, _EMPTY
+        )
+
+    starts, chunk_len, chunk_row, chunk_first, token_chunk, row_last_chunk, phys_last_chunk = (
+        _chunks(qsl, n_pre, total, chunk_size)
+    )
+    has_init = pre[:n_pre] > 0
+    # Some row is shorter than its window (a decode row is: then ask the prefill rows).
+    shortest = int(ext[:n_pre].min()) if num_decodes else ext_min
+    init, off, cell, value, final_conv = _conv_windows(
+        qsl, ext, n_pre, total, conv_kernel, shortest < conv_kernel - 1
+    )
+    h_rows, h_chunk, rc_rows, rc_chunk, rc_len, mid_conv = _mid_saves(
+        qsl, rem, mid_rows, starts, init, off, chunk_size, conv_kernel - 1
+    )
+    # The token-sized parts are written in place: into the staged buffer when there is
+    # one (everything else is copied there in one pass).
+    if device is not None:
+        small = [qsl, slt, track_out, starts, chunk_len, chunk_row, token_chunk,
+                 row_last_chunk, phys_last_chunk, final_conv, h_rows, h_chunk, rc_rows,
+                 rc_chunk, rc_len, mid_conv]  # fmt: skip
+        staging, (token_pos, token_conv) = _pack(
+            device,
+            small,
+            (total, total * conv_kernel),
+            [is_final, has_init, chunk_first],
+            _ORDER_MIXED,
+        )
+        _token_parts(token_pos, token_conv, starts, chunk_len, cell, value, total, conv_kernel)
+        # Planned for a device: its metadata over the staged views (no host arrays kept).
+        return _metadata(
+            staging.views(device), {}, n_pre, num_decodes, total, chunk_size, conv_kernel,
+            track, bool(final_rows),
+        )  # fmt: skip
+    token_pos = np.empty(total, dtype=np.int64)
+    token_conv = np.empty(total * conv_kernel, dtype=np.int64)
+    _token_parts(token_pos, token_conv, starts, chunk_len, cell, value, total, conv_kernel)
+    parts = (
+        qsl, slt, track_out, is_final.astype(np.int64), has_init.astype(np.int64), starts,
+        chunk_len, chunk_row, chunk_first.astype(np.int64), token_chunk, token_pos,
+        row_last_chunk, phys_last_chunk, token_conv, final_conv, h_rows, h_chunk, rc_rows,
+        rc_chunk, rc_len, mid_conv,
+    )  # fmt: skip
+    return _host_plan(
+        parts, n_pre, num_decodes, total, chunk_size, conv_kernel, track, final_rows, h_rows,
+        rc_rows,
+    )  # fmt: skip
+
+
+def _rows(
+    extend_lens: IntLike,
+    prefix_lens: IntLike,
+    slots: IntLike,
+    num_decodes: int,
+    chunk_size: int,
+    conv_kernel: int,
+    track_interval: int | None,
+    track_mask: BoolLike | None,
+    track_slots: IntLike | None,
+) -> tuple[IntArray, IntArray, IntArray, npt.NDArray[np.bool_] | None, IntArray | None, int]:
+    """Phase 1, the arguments: checked and converted before anything is computed.
+
+    Returns ``(extend, prefix, slots, track_mask, track_slots, least extend)`` as fresh
+    int64 / bool host arrays (``track_mask`` and ``track_slots`` ``None`` without
+    tracking). The fast path converts sequences of one length in one call and checks
+    every rule in one pass (:func:`_rows_ok`); only when that fails do the detailed checks
+    run, each naming the argument and the rule broken.
+    """
     _check_config(chunk_size, track_interval, conv_kernel)
     tracking = track_mask is not None and track_slots is not None and track_interval is not None
     tslots: IntArray | None = None
@@ -703,144 +803,174 @@ def _plan(
             tmask = _host_bools("track_mask", track_mask)
             tslots = _host_ints("track_slots", track_slots)
             _check_track(tmask, tslots, slt)
-    n_rows = ext.shape[0]
-    n_pre = n_rows - num_decodes
-    k1 = conv_kernel - 1
-    L = chunk_size
+    return ext, pre, slt, tmask, tslots, ext_min
 
-    qsl = np.empty(n_rows + 1, dtype=np.int64)
-    qsl[0] = 0
-    ext.cumsum(out=qsl[1:])
-    total = int(qsl[n_pre])  # flattened prefill tokens
 
-    # Track plan: each tracked row's last boundary b = floor((prefix+extend)/I)*I.
+def _track_kinds(
+    ext: IntArray,
+    pre: IntArray,
+    tmask: npt.NDArray[np.bool_] | None,
+    tslots: IntArray | None,
+    track_interval: int | None,
+) -> tuple[IntArray, npt.NDArray[np.bool_], tuple[int, ...], IntArray, IntArray]:
+    """Phase 2, the track kinds: which rows save their last boundary, and how.
+
+    Returns ``(track_slots, is_final, final_rows, mid_rows, rem)``: each row's track slot
+    where it saves (``-1`` elsewhere: ``mamba_track_indices``), the rows whose boundary
+    ends them (``mamba_track_mask``; as a tuple too), the rows whose boundary falls inside
+    their new tokens (prefill rows only: decode rows have one token), and each row's
+    ``(prefix + extend) % track_interval``. A row's last boundary
+    ``b = (prefix + extend) - rem`` comes after its first ``extend - rem`` new tokens:
+    reached when that is > 0, the row's end when ``rem == 0``.
+    """
     if tmask is None or tslots is None or track_interval is None:
-        track_out = np.full(n_rows, -1, dtype=np.int64)
-        is_final = np.zeros(n_rows, dtype=np.bool_)
-        final_rows: tuple[int, ...] = ()
-        mid_rows = rem = _EMPTY
-    else:
-        # The row's last boundary b = (prefix + extend) - rem comes after its first
-        # extend - rem new tokens: reached when that is > 0, the row's end when rem == 0.
-        rem = (pre + ext) % track_interval
-        saves = tmask & (ext > rem)
-        is_final = saves & (rem == 0)
-        track_out = np.where(saves, tslots, -1)
-        final_rows = tuple(is_final.nonzero()[0].tolist())
-        mid_rows = (saves ^ is_final).nonzero()[0]  # only prefill rows: decode rows have 1 token
-    staging = None
-    h_rows = rc_rows = _EMPTY
-    prefill: tuple[IntArray, ...] = ()
-    if not n_pre:
-        if device is not None:
-            staging, _ = _pack(device, [qsl, slt, track_out], (), [is_final], _ORDER_ROWS)
-    else:
-        # The prefill plan: chunks, conv windows, mid-row saves. A decode-only batch (the
-        # hot path of a decode step) skips all of it: its rows have one token each, so a
-        # save is always the row's final token.
-        #
-        # Logical chunks: a new one at every physical chunk start and every row start (the
-        # rule of hybridmeta.chunks.logical_chunk_starts). Every prefill row has a token,
-        # so every row start lies inside the tokens and the ones off the grid are new.
-        row_start = qsl[:n_pre]
-        row_end = qsl[1 : n_pre + 1]
-        n_phys = -(-total // L)
-        grid = np.arange(0, (n_phys + 1) * L, L, dtype=np.int64)
-        grid[-1] = total  # [0, L, .., (n_phys - 1) L, total]: the physical chunk edges
-        edges = grid
-        if n_pre > 1:
-            off_grid = row_start[row_start % L != 0]
-            if off_grid.shape[0]:
-                edges = np.concatenate((grid, off_grid))
-                edges.sort()
-        starts = edges[:-1]
-        chunk_len = edges[1:] - starts
-        # Row of each chunk: the last row starting at or before it (rows have >= 1 token).
-        chunk_row = row_end.searchsorted(starts, "right")
-        # A chunk is its row's first when it starts where its row starts.
-        chunk_first = starts == row_start[chunk_row]
-        token_chunk = _iota(starts.shape[0]).repeat(chunk_len)
-        row_last_chunk = starts.searchsorted(row_end) - 1
-        phys_last_chunk = starts.searchsorted(grid[1:]) - 1
-        has_init = pre[:n_pre] > 0
+        n_rows = ext.shape[0]
+        no_save = np.full(n_rows, -1, dtype=np.int64)
+        return no_save, np.zeros(n_rows, dtype=np.bool_), (), _EMPTY, _EMPTY
+    rem = (pre + ext) % track_interval
+    saves = tmask & (ext > rem)
+    is_final = saves & (rem == 0)
+    track_out = np.where(saves, tslots, -1)
+    final_rows = tuple(is_final.nonzero()[0].tolist())
+    mid_rows = (saves ^ is_final).nonzero()[0]  # only prefill rows: decode rows have 1 token
+    return track_out, is_final, final_rows, mid_rows, rem
 
-        # Conv windows over the extended input (tokens, then each row's K-1 initial
-        # inputs from index init[r]): token t reads t-(K-1) .. t, where the first K-1
-        # tokens of a row read its initial state; a row's final window is its last K-1
-        # inputs.
-        init = _iota(n_pre) * k1 + total
-        # Some row is shorter than its window (a decode row is: then ask the prefill rows).
-        short = (int(ext[:n_pre].min()) if num_decodes else ext_min) < k1
-        patch_j, patch_flat, patch_col, off = _patch(k1)
-        cell = (row_start * conv_kernel)[:, None] + patch_flat
-        value = init[:, None] + patch_col
-        if short:
-            inside = ext[:n_pre, None] > patch_j
-            cell, value = cell[inside], value[inside]
-        final_conv = _windows(row_end, row_start, init, off, not short).reshape(-1)
 
-        # Mid-row saves: on the chunk grid (the chunk's end state) or recomputed.
-        h_chunk = rc_chunk = rc_len = mid_conv = _EMPTY
-        if mid_rows.shape[0]:
-            # g: flattened position after the boundary token. Rows on the grid first
-            # (g % L == 0: h), then the others (recompute), each in row order.
-            g = qsl[mid_rows + 1] - rem[mid_rows]
-            off_grid_save = (g % L) != 0
-            order = off_grid_save.argsort(kind="stable")
-            rows, g = mid_rows[order], g[order]
-            n_h = rows.shape[0] - int(np.count_nonzero(off_grid_save))
-            h_rows, rc_rows = rows[:n_h], rows[n_h:]
-            # The logical chunk holding the boundary token (on the grid: the physical
-            # chunk's last, whose end state is the boundary's).
-            chunk = starts.searchsorted(g - 1, "right") - 1
-            h_chunk, rc_chunk = chunk[:n_h], chunk[n_h:]
-            rc_len = g[n_h:] - starts[rc_chunk]
-            mid_start = qsl[rows]
-            whole = bool((g - mid_start).min() >= k1)
-            mid_conv = _windows(g, mid_start, init[rows], off, whole).reshape(-1)
+def _chunks(
+    qsl: IntArray, n_pre: int, total: int, chunk_size: int
+) -> tuple[IntArray, IntArray, IntArray, npt.NDArray[np.bool_], IntArray, IntArray, IntArray]:
+    """Phase 3, the logical chunks of the flattened prefill tokens (:class:`ChunkPlan`).
 
-        # The token-sized parts are written in place: into the staged buffer when there
-        # is one (everything else is copied there in one pass).
-        if device is None:
-            token_pos = np.empty(total, dtype=np.int64)
-            token_conv = np.empty(total * conv_kernel, dtype=np.int64)
-        else:
-            small = [qsl, slt, track_out, starts, chunk_len, chunk_row, token_chunk,
-                     row_last_chunk, phys_last_chunk, final_conv, h_rows, h_chunk, rc_rows,
-                     rc_chunk, rc_len, mid_conv]  # fmt: skip
-            staging, (token_pos, token_conv) = _pack(
-                device,
-                small,
-                (total, total * conv_kernel),
-                [is_final, has_init, chunk_first],
-                _ORDER_MIXED,
-            )
-        np.subtract(_iota(total), starts.repeat(chunk_len), out=token_pos)
-        _fill_windows(token_conv, total, conv_kernel)
-        token_conv.put(cell, value)
-        if device is None:
-            prefill = (
-                has_init.astype(np.int64), starts, chunk_len, chunk_row,
-                chunk_first.astype(np.int64), token_chunk, token_pos, row_last_chunk,
-                phys_last_chunk, token_conv, final_conv, h_rows, h_chunk, rc_rows, rc_chunk,
-                rc_len, mid_conv,
-            )  # fmt: skip
-    track = track_mask is not None
-    if device is not None:
-        # Planned for a device: its metadata over the staged views (no host arrays kept).
-        assert staging is not None
-        return _metadata(
-            staging.views(device), {}, n_pre, num_decodes, total, L, conv_kernel, track,
-            bool(final_rows),
-        )  # fmt: skip
-    parts = (qsl, slt, track_out, is_final.astype(np.int64), *prefill)
-    arrays = dict(zip(_MIXED_KEYS if n_pre else _ROW_KEYS, parts, strict=True))
+    Returns ``(start, length, row, first, token_chunk, row_last_chunk, phys_last_chunk)``
+    (``token_pos`` is token-sized: :func:`_token_parts` writes it). A new logical chunk
+    begins at every physical chunk start and every row start (the rule of
+    :func:`hybridmeta.chunks.logical_chunk_starts`). Every prefill row has a token, so
+    every row start lies inside the tokens and the ones off the grid are new.
+    """
+    L = chunk_size
+    row_start = qsl[:n_pre]
+    row_end = qsl[1 : n_pre + 1]
+    n_phys = -(-total // L)
+    grid = np.arange(0, (n_phys + 1) * L, L, dtype=np.int64)
+    grid[-1] = total  # [0, L, .., (n_phys - 1) L, total]: the physical chunk edges
+    edges = grid
+    if n_pre > 1:
+        off_grid = row_start[row_start % L != 0]
+        if off_grid.shape[0]:
+            edges = np.concatenate((grid, off_grid))
+            edges.sort()
+    starts = edges[:-1]
+    chunk_len = edges[1:] - starts
+    # Row of each chunk: the last row starting at or before it (rows have >= 1 token).
+    chunk_row = row_end.searchsorted(starts, "right")
+    # A chunk is its row's first when it starts where its row starts.
+    chunk_first = starts == row_start[chunk_row]
+    token_chunk = _iota(starts.shape[0]).repeat(chunk_len)
+    row_last_chunk = starts.searchsorted(row_end) - 1
+    phys_last_chunk = starts.searchsorted(grid[1:]) - 1
+    return starts, chunk_len, chunk_row, chunk_first, token_chunk, row_last_chunk, phys_last_chunk
+
+
+def _conv_windows(
+    qsl: IntArray, ext: IntArray, n_pre: int, total: int, conv_kernel: int, short: bool
+) -> tuple[IntArray, IntArray, IntArray, IntArray, IntArray]:
+    """Phase 4, the conv windows over the extended input (:class:`ConvWindows`): the
+    prefill tokens, then each row's ``K-1`` initial inputs from index ``init[r]``.
+
+    Token ``t`` reads ``t-(K-1) .. t``, where the first ``K-1`` tokens of a row read its
+    initial state; a row's final window is its last ``K-1`` inputs. Returns ``(init, off,
+    cell, value, final_windows)``: the token windows are the template of
+    :func:`_fill_windows` with ``value`` put at the flat ``cell`` s that reach before
+    their row (:func:`_token_parts` writes them); ``short``: some prefill row is shorter
+    than ``K-1`` tokens.
+    """
+    k1 = conv_kernel - 1
+    row_start = qsl[:n_pre]
+    row_end = qsl[1 : n_pre + 1]
+    init = _iota(n_pre) * k1 + total
+    patch_j, patch_flat, patch_col, off = _patch(k1)
+    cell = (row_start * conv_kernel)[:, None] + patch_flat
+    value = init[:, None] + patch_col
+    if short:
+        inside = ext[:n_pre, None] > patch_j
+        cell, value = cell[inside], value[inside]
+    final_conv = _windows(row_end, row_start, init, off, not short).reshape(-1)
+    return init, off, cell, value, final_conv
+
+
+def _mid_saves(
+    qsl: IntArray,
+    rem: IntArray,
+    mid_rows: IntArray,
+    starts: IntArray,
+    init: IntArray,
+    off: IntArray,
+    chunk_size: int,
+    k1: int,
+) -> tuple[IntArray, IntArray, IntArray, IntArray, IntArray, IntArray]:
+    """Phase 5, the mid-row saves (:class:`ExtendTrackPlan`): each boundary inside a
+    prefill row's new tokens, on the chunk grid (the chunk's end state, ``h``) or
+    recomputed from the state entering its logical chunk.
+
+    Returns ``(h_rows, h_chunk, recompute_rows, recompute_chunk, recompute_len,
+    windows)``, the conv windows flat. Rows on the grid first, then the others, each in
+    row order.
+    """
+    if not mid_rows.shape[0]:
+        return _EMPTY, _EMPTY, _EMPTY, _EMPTY, _EMPTY, _EMPTY
+    # g: flattened position after the boundary token (on the grid: g % L == 0).
+    g = qsl[mid_rows + 1] - rem[mid_rows]
+    off_grid_save = (g % chunk_size) != 0
+    order = off_grid_save.argsort(kind="stable")
+    rows, g = mid_rows[order], g[order]
+    n_h = rows.shape[0] - int(np.count_nonzero(off_grid_save))
+    # The logical chunk holding the boundary token (on the grid: the physical chunk's
+    # last, whose end state is the boundary's).
+    chunk = starts.searchsorted(g - 1, "right") - 1
+    rc_chunk = chunk[n_h:]
+    rc_len = g[n_h:] - starts[rc_chunk]
+    mid_start = qsl[rows]
+    whole = bool((g - mid_start).min() >= k1)
+    mid_conv = _windows(g, mid_start, init[rows], off, whole).reshape(-1)
+    return rows[:n_h], chunk[:n_h], rows[n_h:], rc_chunk, rc_len, mid_conv
+
+
+def _token_parts(
+    token_pos: IntArray,
+    token_conv: IntArray,
+    starts: IntArray,
+    chunk_len: IntArray,
+    cell: IntArray,
+    value: IntArray,
+    total: int,
+    conv_kernel: int,
+) -> None:
+    """Phase 6, the token-sized parts, written in place (into the staged buffer, or host
+    arrays): each token's position in its logical chunk and its conv window."""
+    np.subtract(_iota(total), starts.repeat(chunk_len), out=token_pos)
+    _fill_windows(token_conv, total, conv_kernel)
+    token_conv.put(cell, value)
+
+
+def _host_plan(
+    parts: tuple[IntArray, ...],
+    n_pre: int,
+    num_decodes: int,
+    total: int,
+    chunk_size: int,
+    conv_kernel: int,
+    track: bool,
+    final_rows: tuple[int, ...],
+    h_rows: IntArray,
+    rc_rows: IntArray,
+) -> MixedHostPlan:
+    """The :class:`MixedHostPlan` of ``parts`` (:attr:`MixedHostPlan.arrays`' order)."""
     return MixedHostPlan(
-        arrays=arrays,
+        arrays=dict(zip(_MIXED_KEYS if n_pre else _ROW_KEYS, parts, strict=True)),
         num_prefills=n_pre,
         num_decodes=num_decodes,
         num_prefill_tokens=total,
-        chunk_size=L,
+        chunk_size=chunk_size,
         conv_kernel=conv_kernel,
         track=track,
         any_final_save=bool(final_rows),
