@@ -238,3 +238,125 @@ def test_cached_host_constants_give_the_uncached_plan(monkeypatch: pytest.Monkey
         for name, a in cached.arrays.items():
             assert a.dtype == direct.arrays[name].dtype
             assert np.array_equal(a, direct.arrays[name]), name
+
+
+def _nothing_computed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make every planning phase after the argument checks fail loudly: a refusal must
+    come before anything is computed or staged."""
+
+    def computed(*_: object, **__: object) -> None:
+        raise AssertionError("the planner computed a plan from arguments it should refuse")
+
+    for phase in ("_track_kinds", "_chunks", "_conv_windows", "_pack"):
+        monkeypatch.setattr(planner, phase, computed)
+
+
+_TYPED_REFUSALS: list[tuple[dict[str, Any], type[Exception], str]] = [
+    # counts and sizes: plain ints (bool refused where an int is expected)
+    ({"chunk_size": 8.0}, TypeError, r"^plan_mixed_batch: chunk_size must be an int, got float 8\.0$"),
+    ({"chunk_size": True}, TypeError, r"chunk_size must be an int, got bool True$"),
+    ({"conv_kernel": 4.0}, TypeError, r"conv_kernel must be an int, got float 4\.0$"),
+    ({"conv_kernel": "4"}, TypeError, r"conv_kernel must be an int, got str '4'$"),
+    ({"num_decodes": 0.0}, TypeError, r"num_decodes must be an int, got float 0\.0$"),
+    ({"num_decodes": False}, TypeError, r"num_decodes must be an int, got bool False$"),
+    (
+        {"num_decodes": np.int64(0)},
+        TypeError,
+        r"num_decodes must be an int, got numpy\.int64 .*\(pass int\(\.\.\.\)\)$",
+    ),
+    (
+        {"track_interval": 8.0, "track_mask": [True, False], "track_slots": [5, -1]},
+        TypeError,
+        r"track_interval must be an int, got float 8\.0$",
+    ),
+    # per-row lists: 1-D sequences, arrays or CPU tensors of integers
+    ({"extend_lens": [[5], [5]]}, ValueError, r"extend_lens must be 1-D \(one entry per row\), got shape \(2, 1\)$"),
+    ({"extend_lens": torch.tensor([[5], [5]])}, ValueError, r"extend_lens must be 1-D .*got shape \(2, 1\)$"),
+    ({"slots": np.array([[0, 1]])}, ValueError, r"slots must be 1-D .*got shape \(1, 2\)$"),
+    ({"prefix_lens": [[0], 0]}, ValueError, r"prefix_lens must be a flat \(1-D\) sequence of ints, one per row; got a nested or ragged sequence$"),
+    ({"extend_lens": 5}, TypeError, r"extend_lens must be a 1-D sequence of ints \(one per row\), a numpy array or a CPU tensor; got int$"),
+    ({"slots": "01"}, TypeError, r"slots must be a 1-D sequence of ints .*; got str$"),
+    ({"slots": None}, TypeError, r"slots must be a 1-D sequence of ints .*; got NoneType$"),
+    ({"extend_lens": [5, None]}, ValueError, r"extend_lens must hold integers, got extend_lens\[1\] = None \(NoneType\)$"),
+    ({"extend_lens": [5, "5"]}, ValueError, r"extend_lens must hold integers, got strings"),
+    (
+        {"track_interval": 8, "track_mask": [[True], [False]], "track_slots": [5, 6]},
+        ValueError,
+        r"track_mask must be 1-D .*got shape \(2, 1\)$",
+    ),
+    (
+        {"track_interval": 8, "track_mask": "ab", "track_slots": [5, 6]},
+        TypeError,
+        r"track_mask must be a 1-D sequence of bools .*; got str$",
+    ),
+    (
+        {"track_interval": 8, "track_mask": [True, False], "track_slots": [[5], [6]]},
+        ValueError,
+        r"track_slots must be 1-D .*got shape \(2, 1\)$",
+    ),
+    # values past int64: numpy would wrap them, silently
+    ({"prefix_lens": [2**63, 0]}, ValueError, r"prefix_lens\[0\] = 9223372036854775808 does not fit int64$"),
+    ({"prefix_lens": [0, 2**64]}, ValueError, r"prefix_lens\[1\] = 18446744073709551616 does not fit int64$"),
+    (
+        {"slots": np.array([0, 2**63 + 1], dtype=np.uint64)},
+        ValueError,
+        r"slots\[1\] = 9223372036854775809 does not fit int64$",
+    ),
+    # positions and offsets that would overflow int64
+    (
+        {"prefix_lens": [0, 2**63 - 3]},
+        ValueError,
+        r"prefix_lens\[1\] \+ extend_lens\[1\] = 9223372036854775810: the row's positions overflow int64$",
+    ),
+    (
+        {"extend_lens": [2**62, 2**62]},
+        ValueError,
+        r"extend_lens sum to 9223372036854775808 tokens: the token offsets overflow int64$",
+    ),
+    (
+        {"chunk_size": 2**61, "conv_kernel": 2},
+        ValueError,
+        r"extend_lens hold 10 prefill tokens; with chunk_size 2305843009213693952 and conv_kernel 2, the plan's chunk and conv window indices overflow int64$",
+    ),
+]
+
+
+@pytest.mark.parametrize(("over", "exc", "match"), _TYPED_REFUSALS)
+@pytest.mark.parametrize("entry", ["plan_host", "plan_mixed_batch"])
+def test_refuses_wrongly_typed_arguments_before_computing(
+    monkeypatch: pytest.MonkeyPatch,
+    entry: str,
+    over: dict[str, Any],
+    exc: type[Exception],
+    match: str,
+) -> None:
+    _nothing_computed(monkeypatch)
+    with pytest.raises(exc, match=match):
+        (_host if entry == "plan_host" else _plan)(**over)
+
+
+def test_integer_arrays_of_every_width_plan_alike() -> None:
+    # numpy's unsigned and narrow dtypes within int64, tuples and int subclasses plan as
+    # the plain lists do; the refusal of values past int64 above is the only difference
+    class Width(int):
+        pass
+
+    want = _host(extend_lens=[5, 7], prefix_lens=[0, 3], slots=[4, 2])
+    for got in (
+        _host(extend_lens=np.array([5, 7], dtype=np.uint64), prefix_lens=(0, 3),
+              slots=torch.tensor([4, 2], dtype=torch.uint8)),
+        _host(extend_lens=range(5, 9, 2), prefix_lens=np.array([0, 3], dtype=np.int8),
+              slots=[4, 2], chunk_size=Width(8)),
+    ):  # fmt: skip
+        assert list(got.arrays) == list(want.arrays)
+        for name, a in want.arrays.items():
+            assert np.array_equal(got.arrays[name], a), name
+    with pytest.raises(ValueError, match=r"extend_lens\[0\] = 9223372036854775808 does not fit"):
+        _host(extend_lens=np.array([2**63, 7], dtype=np.uint64))
+
+
+def test_refuses_a_device_that_is_no_device() -> None:
+    with pytest.raises(TypeError, match=r"^plan_mixed_batch: device must be a torch\.device or a str, got float 3\.0$"):
+        _plan(device=3.0)
+    with pytest.raises(ValueError, match=r"^plan_mixed_batch: device 'gpu0' is not a device name"):
+        _plan(device="gpu0")

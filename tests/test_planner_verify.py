@@ -55,3 +55,42 @@ def test_bad_verify_plans_are_refused(kw: dict[str, Any], match: str) -> None:
     args.update(kw)
     with pytest.raises(ValueError, match=match):
         plan_verify_host(**args)
+
+
+@pytest.mark.parametrize(
+    ("kw", "exc", "match"),
+    [
+        ({"draft_token_num": 1.5}, TypeError, r"^plan_verify: draft_token_num must be an int, got float 1\.5$"),
+        ({"draft_token_num": True}, TypeError, r"^plan_verify: draft_token_num must be an int, got bool True$"),
+        ({"slots": [[0], [1]]}, ValueError, r"^plan_verify: slots must be 1-D \(one entry per row\), got shape \(2, 1\)$"),
+        ({"slots": 3}, TypeError, r"^plan_verify: slots must be a 1-D sequence of ints"),
+        ({"slots": [0.0, 1.0]}, ValueError, r"^plan_verify: slots must hold integers"),
+        ({"slots": [0, 2**64]}, ValueError, r"^plan_verify: slots\[1\] = 18446744073709551616 does not fit int64$"),
+        ({"track_mask": [1, 0], "track_slots": [4, 5]}, ValueError, r"^plan_verify: track_mask must be bool"),
+        ({"track_mask": [True], "track_slots": [4]}, ValueError, r"^plan_verify: track_mask has 1 rows but slots has 2$"),
+        (
+            {"track_mask": [True, False], "track_slots": [0, -1]},
+            ValueError,
+            r"^plan_verify: track_slots\[0\] = 0 is also a working slot",
+        ),
+        (
+            {"draft_token_num": 2**62},
+            ValueError,
+            r"^plan_verify: 2 rows of draft_token_num = 4611686018427387904 tokens: the token offsets overflow int64$",
+        ),
+    ],
+)
+def test_verify_plan_arguments_are_typed_and_named(
+    kw: dict[str, Any], exc: type[Exception], match: str
+) -> None:
+    args: dict[str, Any] = {"slots": [0, 1], "draft_token_num": 2}
+    args.update(kw)
+    with pytest.raises(exc, match=match):
+        plan_verify_host(**args)
+    with pytest.raises(exc, match=match):
+        plan_verify(**args)
+
+
+def test_verify_plan_refuses_a_device_that_is_no_device() -> None:
+    with pytest.raises(TypeError, match=r"^plan_verify: device must be a torch\.device or a str, got int 0$"):
+        plan_verify(slots=[0, 1], draft_token_num=2, device=0)  # type: ignore[arg-type]

@@ -43,7 +43,7 @@ accepted tokens reach it.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import attrs
 import numpy as np
@@ -244,44 +244,149 @@ def _forward(
     )
 
 
-def _check_host(name: str, value: torch.Tensor) -> None:
+_OWNER = "plan_mixed_batch"  # the name planner errors give (plan_host shares the checks)
+_I64_MAX = (1 << 63) - 1
+
+
+def _type_name(value: object) -> str:
+    t = type(value)
+    return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+
+
+def _check_int(name: str, value: object, owner: str = _OWNER) -> None:
+    """Refuse anything but a plain ``int`` (``bool``, floats, numpy scalars, tensors)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        hint = " (pass int(...))" if isinstance(value, (np.integer, torch.Tensor)) else ""
+        raise TypeError(f"{owner}: {name} must be an int, got {_type_name(value)} {value!r}{hint}")
+
+
+def _device(device: object, owner: str) -> torch.device:
+    """A planner's ``device`` argument (a ``torch.device`` or its name) as a device."""
+    if isinstance(device, torch.device):
+        return device
+    if not isinstance(device, str):
+        raise TypeError(
+            f"{owner}: device must be a torch.device or a str, got {_type_name(device)} "
+            f"{device!r}"
+        )
+    try:
+        return torch.device(device)
+    except RuntimeError as e:
+        raise ValueError(f"{owner}: device {device!r} is not a device name ({e})") from None
+
+
+def _check_host(name: str, value: torch.Tensor, owner: str = _OWNER) -> None:
     if value.device.type != "cpu":
         raise ValueError(
-            f"plan_mixed_batch: {name} must be host data (a sequence or a CPU tensor); "
+            f"{owner}: {name} must be host data (a sequence or a CPU tensor); "
             f"got a tensor on {value.device}: reading it would sync the stream"
         )
 
 
-def _host_ints(name: str, value: IntLike) -> IntArray:
+def _host_array(name: str, value: object, what: str, owner: str) -> npt.NDArray[Any]:
+    """``value`` (a sequence or numpy array, not a tensor) as a 1-D numpy array, or our
+    error: a scalar, string or other non-sequence, a nested or ragged sequence."""
+    try:
+        arr = value if isinstance(value, np.ndarray) else np.asarray(value)
+    except (ValueError, TypeError):  # ragged: numpy refuses to build it
+        raise ValueError(
+            f"{owner}: {name} must be a flat (1-D) sequence of {what}, one per row; got a "
+            "nested or ragged sequence"
+        ) from None
+    if arr.ndim != 1:
+        if arr.ndim == 0:
+            raise TypeError(
+                f"{owner}: {name} must be a 1-D sequence of {what} (one per row), a numpy array "
+                f"or a CPU tensor; got {_type_name(value)}"
+            )
+        raise ValueError(
+            f"{owner}: {name} must be 1-D (one entry per row), got shape {tuple(arr.shape)}"
+        )
+    return arr
+
+
+def _host_ints(name: str, value: IntLike, owner: str = _OWNER) -> IntArray:
     if isinstance(value, torch.Tensor):
-        _check_host(name, value)
-        if value.dtype.is_floating_point or value.dtype == torch.bool:
-            raise ValueError(f"plan_mixed_batch: {name} must hold integers, got {value.dtype}")
-        return value.to(torch.int64).reshape(-1).numpy().copy()
-    arr = np.asarray(value)
-    # dtype.kind: signed or unsigned integer ('i', 'u'); np.issubdtype is ~2 us a call
-    if arr.size and arr.dtype.kind not in "iu":
-        raise ValueError(f"plan_mixed_batch: {name} must hold integers, got dtype {arr.dtype}")
+        _check_host(name, value, owner)
+        if value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool:
+            raise ValueError(f"{owner}: {name} must hold integers, got {value.dtype}")
+        if value.ndim != 1:
+            raise ValueError(
+                f"{owner}: {name} must be 1-D (one entry per row), got shape {tuple(value.shape)}"
+            )
+        arr: npt.NDArray[Any] = value.detach().numpy()
+        listed = False
+    else:
+        arr = _host_array(name, value, "ints", owner)
+        listed = isinstance(value, (list, tuple))
+    # dtype.kind: signed integer 'i'; np.issubdtype is ~2 us a call
+    if arr.dtype.kind != "i" and arr.size:
+        _check_int_values(name, arr, value, owner)
     # A list or tuple was just converted: the array is ours. Anything else may share the
     # caller's memory, and the plan keeps what it returns: a copy.
-    out = arr.astype(np.int64, copy=not isinstance(value, (list, tuple)))
-    return out if out.ndim == 1 else out.reshape(-1)
+    return arr.astype(np.int64, copy=not listed)
 
 
-def _host_bools(name: str, value: BoolLike) -> npt.NDArray[np.bool_]:
+def _check_int_values(name: str, arr: npt.NDArray[Any], value: object, owner: str) -> None:
+    """An array not of a signed integer dtype holds integers that fit int64, or our
+    error: numpy makes Python ints past int64 unsigned, float or object arrays."""
+    kind = arr.dtype.kind
+    if kind == "u":
+        big = np.flatnonzero(arr > _I64_MAX)
+        if big.shape[0]:
+            r = int(big[0])
+            raise ValueError(f"{owner}: {name}[{r}] = {arr[r]} does not fit int64")
+        return
+    if kind == "O" or (kind == "f" and isinstance(value, (list, tuple))):
+        items = arr.tolist() if kind == "O" else list(value)  # type: ignore[call-overload]
+        for r, v in enumerate(items):
+            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+                if kind == "O":
+                    raise ValueError(
+                        f"{owner}: {name} must hold integers, got {name}[{r}] = {v!r} "
+                        f"({_type_name(v)})"
+                    )
+                break  # a float: the dtype's message
+            if not -_I64_MAX - 1 <= int(v) <= _I64_MAX:
+                raise ValueError(f"{owner}: {name}[{r}] = {v} does not fit int64")
+        else:
+            if kind == "O":
+                return  # Python ints, every one within int64
+    got = "strings, dtype" if kind in "US" else "dtype"
+    raise ValueError(f"{owner}: {name} must hold integers, got {got} {arr.dtype}")
+
+
+def _host_bools(name: str, value: BoolLike, owner: str = _OWNER) -> npt.NDArray[np.bool_]:
     if isinstance(value, torch.Tensor):
-        _check_host(name, value)
+        _check_host(name, value, owner)
         if value.dtype != torch.bool:
-            raise ValueError(f"plan_mixed_batch: {name} must be bool, got {value.dtype}")
-        return value.reshape(-1).numpy().copy()
-    arr = np.asarray(value)
+            raise ValueError(f"{owner}: {name} must be bool, got {value.dtype}")
+        if value.ndim != 1:
+            raise ValueError(
+                f"{owner}: {name} must be 1-D (one entry per row), got shape {tuple(value.shape)}"
+            )
+        return value.detach().numpy().copy()
+    arr = _host_array(name, value, "bools", owner)
     if arr.size and arr.dtype != np.bool_:
-        raise ValueError(f"plan_mixed_batch: {name} must be bool, got dtype {arr.dtype}")
-    out = arr.astype(np.bool_, copy=not isinstance(value, (list, tuple)))
-    return out if out.ndim == 1 else out.reshape(-1)
+        raise ValueError(f"{owner}: {name} must be bool, got dtype {arr.dtype}")
+    return arr.astype(np.bool_, copy=not isinstance(value, (list, tuple)))
 
 
-def _check_config(chunk_size: int, track_interval: int | None, conv_kernel: int) -> None:
+def _check_config(
+    chunk_size: int, track_interval: int | None, conv_kernel: int, num_decodes: int
+) -> None:
+    if (
+        type(chunk_size) is not int
+        or type(conv_kernel) is not int
+        or type(num_decodes) is not int
+        or (track_interval is not None and type(track_interval) is not int)
+    ):
+        # Some argument is not a plain int (int subclasses other than bool pass).
+        _check_int("num_decodes", num_decodes)
+        _check_int("chunk_size", chunk_size)
+        _check_int("conv_kernel", conv_kernel)
+        if track_interval is not None:
+            _check_int("track_interval", track_interval)
     if chunk_size <= 0:
         raise ValueError(f"plan_mixed_batch: chunk_size must be > 0, got {chunk_size}")
     if conv_kernel < 2:
@@ -291,6 +396,56 @@ def _check_config(chunk_size: int, track_interval: int | None, conv_kernel: int)
             f"plan_mixed_batch: track_interval ({track_interval}) must be a positive multiple "
             f"of the SSM chunk_size ({chunk_size}); a cache chunk that is not a whole number of "
             "state-grid chunks cannot index the grid (docs/background.md, index-grid confusion)"
+        )
+
+
+def _fits(hi: int, n: int, chunk_size: int, conv_kernel: int, track_interval: int | None) -> bool:
+    """Whether every index the plan computes surely fits int64, ``hi`` bounding every
+    ``extend_lens`` and ``prefix_lens`` entry (Python ints: a few operations). The
+    largest are a row's end position (``prefix + extend``), the token offsets (up to the
+    batch's tokens ``T <= n * hi``), the chunk grid (``< T + 2 * chunk_size``) and the
+    flat conv windows (``< (T + n + K) * K``). ``False``: :func:`_check_positions` decides.
+    """
+    return (
+        2 * hi <= _I64_MAX
+        and (n * hi + n + 2 * chunk_size + conv_kernel) * (conv_kernel + 1) <= _I64_MAX
+        and (track_interval is None or track_interval <= _I64_MAX)
+    )
+
+
+def _check_positions(
+    ext: IntArray,
+    pre: IntArray,
+    num_decodes: int,
+    chunk_size: int,
+    conv_kernel: int,
+    track_interval: int | None,
+) -> None:
+    """The exact int64 rules behind :func:`_fits` (Python ints), each naming the rule."""
+    ends = [p + e for p, e in zip(pre.tolist(), ext.tolist(), strict=True)]
+    for r, end in enumerate(ends):
+        if end > _I64_MAX:
+            raise ValueError(
+                f"plan_mixed_batch: prefix_lens[{r}] + extend_lens[{r}] = {end}: the row's "
+                "positions overflow int64"
+            )
+    tokens = sum(ext.tolist())
+    if tokens > _I64_MAX:
+        raise ValueError(
+            f"plan_mixed_batch: extend_lens sum to {tokens} tokens: the token offsets "
+            "overflow int64"
+        )
+    n_pre = ext.shape[0] - num_decodes
+    prefill = sum(ext[:n_pre].tolist())
+    if (prefill + n_pre + 2 * chunk_size + conv_kernel) * (conv_kernel + 1) > _I64_MAX:
+        raise ValueError(
+            f"plan_mixed_batch: extend_lens hold {prefill} prefill tokens; with chunk_size "
+            f"{chunk_size} and conv_kernel {conv_kernel}, the plan's chunk and conv window "
+            "indices overflow int64"
+        )
+    if track_interval is not None and track_interval > _I64_MAX:
+        raise ValueError(
+            f"plan_mixed_batch: track_interval = {track_interval} does not fit int64"
         )
 
 
@@ -350,13 +505,17 @@ def _check_rows(
         raise ValueError("plan_mixed_batch: slots has a duplicate working slot")
 
 
-def _check_track(track_mask: npt.NDArray[np.bool_], track_slots: IntArray, slots: IntArray) -> None:
+def _check_track(
+    track_mask: npt.NDArray[np.bool_],
+    track_slots: IntArray,
+    slots: IntArray,
+    owner: str = _OWNER,
+    rows: str = "extend_lens",
+) -> None:
     n = slots.shape[0]
     for name, arr in (("track_mask", track_mask), ("track_slots", track_slots)):
         if arr.shape[0] != n:
-            raise ValueError(
-                f"plan_mixed_batch: {name} has {arr.shape[0]} rows but extend_lens has {n}"
-            )
+            raise ValueError(f"{owner}: {name} has {arr.shape[0]} rows but {rows} has {n}")
     tracked = track_slots[track_mask]
     if tracked.shape[0] == 0:
         return
@@ -367,18 +526,18 @@ def _check_track(track_mask: npt.NDArray[np.bool_], track_slots: IntArray, slots
     if (tracked < 0).any():
         r = int(np.flatnonzero(track_mask)[np.argmax(tracked < 0)])
         raise ValueError(
-            f"plan_mixed_batch: track_slots[{r}] = {track_slots[r]} but track_mask[{r}] is set; "
+            f"{owner}: track_slots[{r}] = {track_slots[r]} but track_mask[{r}] is set; "
             "a tracked row needs a track slot >= 0"
         )
     clash = _member(tracked, slots)
     if clash.any():
         r = int(np.flatnonzero(track_mask)[np.argmax(clash)])
         raise ValueError(
-            f"plan_mixed_batch: track_slots[{r}] = {track_slots[r]} is also a working slot of "
+            f"{owner}: track_slots[{r}] = {track_slots[r]} is also a working slot of "
             "this batch; saving into it would overwrite a live state"
         )
     if _has_duplicate(tracked):
-        raise ValueError("plan_mixed_batch: two tracked rows share one track slot")
+        raise ValueError(f"{owner}: two tracked rows share one track slot")
 
 
 def _member(values: IntArray, pool: IntArray) -> npt.NDArray[np.bool_]:
@@ -441,7 +600,8 @@ def _int_rows(values: tuple[IntLike, ...]) -> IntArray | None:
         arr = np.array(values)
     except (ValueError, TypeError, OverflowError):  # not of one length, ...
         return None
-    if arr.ndim != 2 or not arr.shape[1] or arr.dtype.kind not in "iu":
+    # signed only: numpy makes Python ints past int64 unsigned (or objects)
+    if arr.ndim != 2 or not arr.shape[1] or arr.dtype.kind != "i":
         return None
     return arr.astype(np.int64, copy=False)
 
@@ -449,7 +609,7 @@ def _int_rows(values: tuple[IntLike, ...]) -> IntArray | None:
 def _try_host(convert: Callable[[str, _V], _A], name: str, value: _V) -> _A | None:
     try:
         return convert(name, value)
-    except ValueError:
+    except (TypeError, ValueError):  # the detailed checks raise it again, in their order
         return None
 
 
@@ -758,7 +918,7 @@ def _rows(
     every rule in one pass (:func:`_rows_ok`); only when that fails do the detailed checks
     run, each naming the argument and the rule broken.
     """
-    _check_config(chunk_size, track_interval, conv_kernel)
+    _check_config(chunk_size, track_interval, conv_kernel, num_decodes)
     tracking = track_mask is not None and track_slots is not None and track_interval is not None
     tslots: IntArray | None = None
     ints = _int_rows(
@@ -770,27 +930,32 @@ def _rows(
         ext, pre, slt = ints[0], ints[1], ints[2]
         if tracking:
             tslots = ints[3]
-        ext_min, pre_min = np.minimum.reduce(ints[:2], axis=1).tolist()
+        lens = ints[:2]
+        ext_min, pre_min = np.minimum.reduce(lens, axis=1).tolist()
+        hi = int(np.maximum.reduce(lens, axis=None))
     else:
         ext = _host_ints("extend_lens", extend_lens)
         pre = _host_ints("prefix_lens", prefix_lens)
         slt = _host_ints("slots", slots)
         ext_min = int(ext.min()) if ext.shape[0] else 0
         pre_min = int(pre.min()) if pre.shape[0] else 0
+        hi = max(int(ext.max()) if ext.shape[0] else 0, int(pre.max()) if pre.shape[0] else 0)
     tmask: npt.NDArray[np.bool_] | None = None
+    ok = _fits(hi, ext.shape[0], chunk_size, conv_kernel, track_interval)
     if track_mask is None:
-        ok = track_slots is None
+        ok = ok and track_slots is None
         ok = ok and _rows_ok(ext_min, pre_min, ext, pre, slt, num_decodes, None, None)
     elif tracking:
         tmask = _try_host(_host_bools, "track_mask", track_mask)
         if tslots is None:
             tslots = _try_host(_host_ints, "track_slots", track_slots)  # type: ignore[arg-type]
-        ok = tmask is not None and tslots is not None
+        ok = ok and tmask is not None and tslots is not None
         ok = ok and _rows_ok(ext_min, pre_min, ext, pre, slt, num_decodes, tmask, tslots)
     else:
         ok = False
     if not ok:
-        # Some rule is broken: the checks in their order, each naming its rule.
+        # Some rule is broken (or the cheap int64 bound failed): the checks in their
+        # order, each naming its rule.
         _check_rows(ext, pre, slt, num_decodes)
         if track_mask is None:
             if track_slots is not None:
@@ -803,6 +968,7 @@ def _rows(
             tmask = _host_bools("track_mask", track_mask)
             tslots = _host_ints("track_slots", track_slots)
             _check_track(tmask, tslots, slt)
+        _check_positions(ext, pre, num_decodes, chunk_size, conv_kernel, track_interval)
     return ext, pre, slt, tmask, tslots, ext_min
 
 
@@ -1030,7 +1196,7 @@ def plan_mixed_batch(
 
     Parameters are those of :func:`plan_host`, plus the ``device`` of the metadata.
     """
-    dev = device if isinstance(device, torch.device) else torch.device(device)
+    dev = _device(device, "plan_mixed_batch")
     md = _plan(
         extend_lens=extend_lens,
         prefix_lens=prefix_lens,
@@ -1116,12 +1282,19 @@ def plan_verify_host(
     ValueError
         The message names the argument and the rule.
     """
-    if isinstance(draft_token_num, bool) or not isinstance(draft_token_num, int) or draft_token_num < 1:
-        raise ValueError(f"plan_verify: draft_token_num must be an int >= 1, got {draft_token_num!r}")
-    slt = _host_ints("slots", slots)
+    owner = "plan_verify"
+    _check_int("draft_token_num", draft_token_num, owner)
+    if draft_token_num < 1:
+        raise ValueError(f"plan_verify: draft_token_num must be an int >= 1, got {draft_token_num}")
+    slt = _host_ints("slots", slots, owner)
     n = slt.shape[0]
     if n == 0:
         raise ValueError("plan_verify: the batch has no rows")
+    if n * draft_token_num > _I64_MAX:
+        raise ValueError(
+            f"plan_verify: {n} rows of draft_token_num = {draft_token_num} tokens: the token "
+            "offsets overflow int64"
+        )
     if (slt < 0).any() or _has_duplicate(slt):
         raise ValueError("plan_verify: slots must be distinct working slots >= 0 (live rows only)")
     if (track_mask is None) != (track_slots is None):
@@ -1129,9 +1302,9 @@ def plan_verify_host(
     tmask = np.zeros(n, dtype=np.bool_)
     tslots = np.full(n, -1, dtype=np.int64)
     if track_mask is not None and track_slots is not None:
-        tmask = _host_bools("track_mask", track_mask)
-        tslots = _host_ints("track_slots", track_slots)
-        _check_track(tmask, tslots, slt)
+        tmask = _host_bools("track_mask", track_mask, owner)
+        tslots = _host_ints("track_slots", track_slots, owner)
+        _check_track(tmask, tslots, slt, owner, "slots")
     arrays = {
         "query_start_loc": np.arange(n + 1, dtype=np.int64) * draft_token_num,
         "slots": slt,
@@ -1158,12 +1331,12 @@ def plan_verify(
 ) -> Mamba2Metadata:
     """:func:`plan_verify_host`, then one staged copy to ``device``: the verify forward's
     metadata (``engine``: further ``ForwardMetadata`` fields, e.g. a tree)."""
+    dev = _device(device, "plan_verify")
     hp = plan_verify_host(
         slots=slots,
         draft_token_num=draft_token_num,
         track_mask=track_mask,
         track_slots=track_slots,
     )
-    dev = device if isinstance(device, torch.device) else torch.device(device)
     views = pack_arrays(list(hp.arrays.values()), dev, as_bool=[k in BOOL_PARTS for k in hp.arrays])
     return prepare_target_verify(hp._forward(views, engine))

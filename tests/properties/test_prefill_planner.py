@@ -2,20 +2,30 @@
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from typing import Any
+from unittest import mock
 
 import attrs
+import pytest
 import torch
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from hybridmeta import planner
 from hybridmeta.chunks import chunk_indices_offsets_oracle
 from hybridmeta.core import fields_of
 from hybridmeta.debug import debug_mode
 from hybridmeta.planner import BOOL_PARTS, plan_host, plan_mixed_batch
 from hybridmeta.staging import to_device_packed
 from tests.oracle import oracle_track_plan
-from tests.properties.strategies.prefill import BatchSpec, batch_specs, plan_of
+from tests.properties.strategies.prefill import (
+    BatchSpec,
+    batch_specs,
+    plan_kwargs,
+    plan_of,
+    wrong_plan_arguments,
+)
 
 
 def _walk(spec: BatchSpec) -> tuple[list[int], list[int], list[int], list[tuple[str, int, int]]]:
@@ -183,3 +193,28 @@ def test_one_call_equals_the_two_steps(spec: BatchSpec, track: bool) -> None:
     for name, g in got.items():
         if isinstance(g, torch.Tensor):
             assert g.untyped_storage().data_ptr() == base, name
+
+
+@given(data=st.data(), spec=batch_specs(min_prefills=0, max_decodes=3))
+def test_wrong_arguments_are_refused_by_name_before_planning(
+    data: st.DataObject, spec: BatchSpec
+) -> None:
+    # One argument of a valid batch made wrong (type, shape, a value past int64, an
+    # overflowing position): refused with a message naming it, before any phase of the
+    # plan runs (each phase after the checks raises if reached).
+    assume(len(spec.extend_lens) > 0)
+    name, wrong = data.draw(wrong_plan_arguments(spec), label="wrong argument")
+    kw = {**plan_kwargs(spec), name: wrong}
+
+    def computed(*_: object, **__: object) -> None:
+        raise AssertionError(f"planned with a wrong {name}")
+
+    with ExitStack() as stack:
+        for phase in ("_track_kinds", "_chunks", "_conv_windows", "_pack"):
+            stack.enter_context(mock.patch.object(planner, phase, computed))
+        for entry in (plan_host, plan_mixed_batch):
+            with pytest.raises((TypeError, ValueError)) as err:
+                entry(**kw)
+            message = str(err.value)
+            assert message.startswith("plan_mixed_batch: "), message
+            assert name in message, message

@@ -8,7 +8,10 @@ decode rows (1 token, prefix >= 1) last.
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
+import numpy as np
 import torch
 from hypothesis import strategies as st
 
@@ -35,11 +38,13 @@ __all__ = [
     "batch_specs",
     "close",
     "make_layer",
+    "plan_kwargs",
     "plan_of",
     "run_oracle",
     "run_pipeline",
     "run_ssm_oracle",
     "split_of",
+    "wrong_plan_arguments",
 ]
 
 _MODES = ("random", "on_grid", "past_grid", "end", "short", "single")
@@ -217,20 +222,80 @@ def make_layer(spec: BatchSpec, *, tokens: int | None = None) -> LayerData:
     )
 
 
+def plan_kwargs(spec: BatchSpec) -> dict[str, Any]:
+    """The planner's arguments for ``spec`` (tracking on)."""
+    return {
+        "extend_lens": spec.extend_lens,
+        "prefix_lens": spec.prefix_lens,
+        "slots": spec.slots,
+        "num_decodes": spec.num_decodes,
+        "chunk_size": spec.chunk_size,
+        "conv_kernel": spec.conv_kernel,
+        "track_interval": spec.track_interval,
+        "track_mask": spec.track_mask,
+        "track_slots": spec.track_slots,
+    }
+
+
 def plan_of(spec: BatchSpec, device: torch.device | str = "cpu") -> Mamba2Metadata:
     """Plan ``spec`` (tracking on): the forward's metadata."""
-    return plan_mixed_batch(
-        extend_lens=spec.extend_lens,
-        prefix_lens=spec.prefix_lens,
-        slots=spec.slots,
-        num_decodes=spec.num_decodes,
-        chunk_size=spec.chunk_size,
-        conv_kernel=spec.conv_kernel,
-        track_interval=spec.track_interval,
-        track_mask=spec.track_mask,
-        track_slots=spec.track_slots,
-        device=device,
+    return plan_mixed_batch(**plan_kwargs(spec), device=device)
+
+
+_I64_MAX = (1 << 63) - 1
+_COUNTS = ("num_decodes", "chunk_size", "conv_kernel", "track_interval")
+_ROWS = ("extend_lens", "prefix_lens", "slots", "track_slots")
+
+
+@st.composite
+def wrong_plan_arguments(draw: st.DrawFn, spec: BatchSpec) -> tuple[str, object]:
+    """One planner argument of ``spec`` replaced by a value of the wrong type or shape,
+    or one that does not fit (or overflows) int64: ``(argument, value)``. The planner
+    must refuse it with a message naming the argument, before it computes anything."""
+    kw = plan_kwargs(spec)
+    name = draw(st.sampled_from((*_COUNTS, *_ROWS, "track_mask")))
+    value = kw[name]
+    if name in _COUNTS:
+        how = draw(st.sampled_from(["float", "bool", "numpy", "str", "tensor"]))
+        wrong: object = {
+            "float": float(value),
+            "bool": bool(value),
+            "numpy": np.int64(value),
+            "str": str(value),
+            "tensor": torch.tensor(value),
+        }[how]
+        return name, wrong
+    n = len(value)
+    r = draw(st.integers(0, n - 1)) if n else 0
+    how = draw(
+        st.sampled_from(
+            ["nested", "floats", "scalar", "str", "2-d", "none"]
+            + (["past_int64", "uint64_past_int64"] if name != "track_mask" and n else [])
+            + (["overflow"] if name in ("extend_lens", "prefix_lens") and n else [])
+        )
     )
+    if how == "nested":
+        return name, [[v] for v in value] if n else [[]]
+    if how == "floats":
+        return name, [float(v) for v in value] if n else [0.5]
+    if how == "scalar":
+        return name, value[0] if n else 0
+    if how == "str":
+        return name, "".join(str(int(v)) for v in value) or "x"
+    if how == "2-d":
+        return name, torch.tensor(value).reshape(1, -1) if n else np.zeros((1, 0))
+    if how == "none":
+        return name, None
+    if how == "past_int64":
+        return name, [*value[:r], _I64_MAX + 1 + draw(st.integers(0, 2**64)), *value[r + 1 :]]
+    if how == "uint64_past_int64":
+        arr = np.array(value, dtype=np.uint64)
+        arr[r] = np.uint64(_I64_MAX + 1 + draw(st.integers(0, 2**63 - 1)))
+        return name, arr
+    # overflow: a row whose end position (prefix + extend) passes int64
+    other = kw["prefix_lens" if name == "extend_lens" else "extend_lens"][r]
+    big = _I64_MAX - other + 1 + draw(st.integers(0, 3))
+    return name, [*value[:r], big, *value[r + 1 :]]
 
 
 def run_oracle(spec: BatchSpec, data: LayerData) -> list[OracleRow]:
