@@ -297,6 +297,11 @@ _TYPED_REFUSALS: list[tuple[dict[str, Any], type[Exception], str]] = [
     # values past int64: numpy would wrap them, silently
     ({"prefix_lens": [2**63, 0]}, ValueError, r"prefix_lens\[0\] = 9223372036854775808 does not fit int64$"),
     ({"prefix_lens": [0, 2**64]}, ValueError, r"prefix_lens\[1\] = 18446744073709551616 does not fit int64$"),
+    (  # numpy makes these lists uint64 (all past int64), which int64 would wrap
+        {"extend_lens": [2**63], "prefix_lens": [2**63 + 1], "slots": [2**63 + 2]},
+        ValueError,
+        r"extend_lens\[0\] = 9223372036854775808 does not fit int64$",
+    ),
     (
         {"slots": np.array([0, 2**63 + 1], dtype=np.uint64)},
         ValueError,

@@ -20,6 +20,7 @@ from hybridmeta.planner import BOOL_PARTS, plan_host, plan_mixed_batch
 from hybridmeta.staging import to_device_packed
 from tests.oracle import oracle_track_plan
 from tests.properties.strategies.prefill import (
+    WRONG_ARGUMENT_KINDS,
     BatchSpec,
     batch_specs,
     plan_kwargs,
@@ -199,22 +200,25 @@ def test_one_call_equals_the_two_steps(spec: BatchSpec, track: bool) -> None:
 def test_wrong_arguments_are_refused_by_name_before_planning(
     data: st.DataObject, spec: BatchSpec
 ) -> None:
-    # One argument of a valid batch made wrong (type, shape, a value past int64, an
-    # overflowing position): refused with a message naming it, before any phase of the
-    # plan runs (each phase after the checks raises if reached).
+    # One argument of a valid batch made wrong, of each kind in turn (a count's type, a
+    # per-row argument's shape or dtype, a value past int64, an overflowing position):
+    # refused with a message naming it and the rule, before any phase of the plan runs
+    # (each phase after the checks raises if reached).
     assume(len(spec.extend_lens) > 0)
-    name, wrong = data.draw(wrong_plan_arguments(spec), label="wrong argument")
-    kw = {**plan_kwargs(spec), name: wrong}
 
     def computed(*_: object, **__: object) -> None:
-        raise AssertionError(f"planned with a wrong {name}")
+        raise AssertionError("planned from a wrong argument")
 
     with ExitStack() as stack:
         for phase in ("_track_kinds", "_chunks", "_conv_windows", "_pack"):
             stack.enter_context(mock.patch.object(planner, phase, computed))
-        for entry in (plan_host, plan_mixed_batch):
-            with pytest.raises((TypeError, ValueError)) as err:
-                entry(**kw)
-            message = str(err.value)
-            assert message.startswith("plan_mixed_batch: "), message
-            assert name in message, message
+        for kind in WRONG_ARGUMENT_KINDS:
+            name, wrong, rule = data.draw(wrong_plan_arguments(spec, kind), label=kind)
+            kw = {**plan_kwargs(spec), name: wrong}
+            for entry in (plan_host, plan_mixed_batch):
+                with pytest.raises((TypeError, ValueError)) as err:
+                    entry(**kw)
+                message = str(err.value)
+                assert message.startswith("plan_mixed_batch: "), message
+                assert name in message, message
+                assert rule in message, message

@@ -33,6 +33,7 @@ from tests.oracle import OracleRow, oracle_layer, oracle_ssm_row
 __all__ = [
     "BF16",
     "FP32",
+    "WRONG_ARGUMENT_KINDS",
     "BatchSpec",
     "LayerData",
     "batch_specs",
@@ -247,15 +248,22 @@ _COUNTS = ("num_decodes", "chunk_size", "conv_kernel", "track_interval")
 _ROWS = ("extend_lens", "prefix_lens", "slots", "track_slots")
 
 
+#: The kinds of :func:`wrong_plan_arguments`.
+WRONG_ARGUMENT_KINDS = ("count", "shape", "dtype", "past_int64", "overflow")
+
+
 @st.composite
-def wrong_plan_arguments(draw: st.DrawFn, spec: BatchSpec) -> tuple[str, object]:
-    """One planner argument of ``spec`` replaced by a value of the wrong type or shape,
-    or one that does not fit (or overflows) int64: ``(argument, value)``. The planner
-    must refuse it with a message naming the argument, before it computes anything."""
+def wrong_plan_arguments(draw: st.DrawFn, spec: BatchSpec, kind: str) -> tuple[str, object, str]:
+    """One planner argument of ``spec`` replaced by a wrong value of ``kind`` (one of
+    :data:`WRONG_ARGUMENT_KINDS`): a count of the wrong type, a per-row argument of the
+    wrong shape or dtype, a value past int64, a row whose end position overflows int64.
+    Returns ``(argument, value, rule)``, ``rule`` a phrase the refusal states. The
+    planner must refuse it with a message naming the argument, before it computes
+    anything. ``spec`` has rows."""
     kw = plan_kwargs(spec)
-    name = draw(st.sampled_from((*_COUNTS, *_ROWS, "track_mask")))
-    value = kw[name]
-    if name in _COUNTS:
+    if kind == "count":
+        name = draw(st.sampled_from(_COUNTS))
+        value = kw[name]
         how = draw(st.sampled_from(["float", "bool", "numpy", "str", "tensor"]))
         wrong: object = {
             "float": float(value),
@@ -264,38 +272,45 @@ def wrong_plan_arguments(draw: st.DrawFn, spec: BatchSpec) -> tuple[str, object]
             "str": str(value),
             "tensor": torch.tensor(value),
         }[how]
-        return name, wrong
-    n = len(value)
-    r = draw(st.integers(0, n - 1)) if n else 0
-    how = draw(
-        st.sampled_from(
-            ["nested", "floats", "scalar", "str", "2-d", "none"]
-            + (["past_int64", "uint64_past_int64"] if name != "track_mask" and n else [])
-            + (["overflow"] if name in ("extend_lens", "prefix_lens") and n else [])
-        )
-    )
-    if how == "nested":
-        return name, [[v] for v in value] if n else [[]]
-    if how == "floats":
-        return name, [float(v) for v in value] if n else [0.5]
-    if how == "scalar":
-        return name, value[0] if n else 0
-    if how == "str":
-        return name, "".join(str(int(v)) for v in value) or "x"
-    if how == "2-d":
-        return name, torch.tensor(value).reshape(1, -1) if n else np.zeros((1, 0))
-    if how == "none":
-        return name, None
-    if how == "past_int64":
-        return name, [*value[:r], _I64_MAX + 1 + draw(st.integers(0, 2**64)), *value[r + 1 :]]
-    if how == "uint64_past_int64":
-        arr = np.array(value, dtype=np.uint64)
-        arr[r] = np.uint64(_I64_MAX + 1 + draw(st.integers(0, 2**63 - 1)))
-        return name, arr
-    # overflow: a row whose end position (prefix + extend) passes int64
+        return name, wrong, f"{name} must be an int, got "
+    if kind == "dtype":
+        name = draw(st.sampled_from((*_ROWS, "track_mask")))
+        rule = "must be bool" if name == "track_mask" else "must hold integers"
+        return name, [float(v) + 0.5 for v in kw[name]], rule
+    if kind == "shape":
+        name = draw(st.sampled_from((*_ROWS, "track_mask")))
+        value = kw[name]
+        how = draw(st.sampled_from(["nested", "scalar", "str", "2-d", "none"]))
+        if how == "nested":
+            return name, [[v] for v in value], "must be 1-D (one entry per row)"
+        if how == "2-d":
+            return name, torch.tensor(value).reshape(1, -1), "must be 1-D (one entry per row)"
+        wrong = {"scalar": value[0], "str": "".join(str(int(v)) for v in value), "none": None}
+        if how == "none" and name in ("track_mask", "track_slots"):
+            # None is "not given": the other track argument alone is refused
+            return name, None, "given without"
+        return name, wrong[how], "must be a 1-D sequence of"
+    name = draw(st.sampled_from(_ROWS if kind == "past_int64" else _ROWS[:2]))
+    value = kw[name]
+    r = draw(st.integers(0, len(value) - 1))
+    if kind == "past_int64":
+        big = _I64_MAX + 1 + draw(st.integers(0, 2**63 - 1))
+        if draw(st.booleans()):  # a list of Python ints
+            return name, [*value[:r], big, *value[r + 1 :]], "does not fit int64"
+        arr = np.array(value, dtype=np.uint64)  # an unsigned array
+        arr[r] = np.uint64(big)
+        return name, arr, "does not fit int64"
+    # overflow: a row whose end position (prefix + extend) passes int64 (or, the value
+    # itself past int64, does not fit; or a decode row's extend is not 1)
     other = kw["prefix_lens" if name == "extend_lens" else "extend_lens"][r]
     big = _I64_MAX - other + 1 + draw(st.integers(0, 3))
-    return name, [*value[:r], big, *value[r + 1 :]]
+    if big > _I64_MAX:
+        rule = "does not fit int64"
+    elif name == "extend_lens" and r >= spec.num_prefills:
+        rule = "is a decode row"
+    else:
+        rule = "overflow int64"
+    return name, [*value[:r], big, *value[r + 1 :]], rule
 
 
 def run_oracle(spec: BatchSpec, data: LayerData) -> list[OracleRow]:
