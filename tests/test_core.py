@@ -12,7 +12,18 @@ import pytest
 import torch
 
 from hybridmeta import Mamba2Metadata, debug_mode, fields_of, is_derived, metadata, source_of
-from hybridmeta.core import BATCH, BOOL, INDEX, Dim, Pad, Role, check_values, field, tensor_field
+from hybridmeta.core import (
+    BATCH,
+    BOOL,
+    FLOAT,
+    INDEX,
+    Dim,
+    Pad,
+    Role,
+    check_values,
+    field,
+    tensor_field,
+)
 
 
 @metadata
@@ -99,7 +110,9 @@ def test_traceback_through_generated_code_shows_its_lines() -> None:
             mixed=None,
         )
     text = "".join(traceback.format_tb(info.value.__traceback__))
-    assert "raise _bad_source(_Cls, _Source, source)" in text
+    # the generated line that routes a source of another class, as pdb / tracebacks show it
+    assert "return _specialize_for(_Cls, source).evolve_from(source, num_prefills=" in text
+    assert "source must be a ForwardMetadata" in str(info.value)
 
 
 def test_validation_names_field_and_rule() -> None:
@@ -170,8 +183,15 @@ def test_rows_are_typed_and_strings_are_refused() -> None:
 
 
 def test_roles_are_checked_at_declaration() -> None:
-    with pytest.raises(TypeError, match="slot fields hold int32/int64 ids padded with -1"):
-        tensor_field(rows=BATCH, dtypes=INDEX, pad=Pad.value(0), role=Role.WORKING_SLOT)
+    with pytest.raises(TypeError, match="slot fields hold int32/int64 ids"):
+        tensor_field(rows=BATCH, dtypes=FLOAT, role=Role.WORKING_SLOT)
+    with pytest.raises(TypeError, match=r"_BadPad\.s: a slot field's pad is the class's null slot -1"):
+
+        @metadata
+        class _BadPad:
+            s: torch.Tensor = tensor_field(
+                rows=BATCH, dtypes=INDEX, pad=Pad.value(0), role=Role.WORKING_SLOT
+            )
     with pytest.raises(TypeError, match="a mask has dtypes=BOOL"):
         tensor_field(rows=BATCH, dtypes=INDEX, pad=Pad.value(-1), role=Role.TRACK_MASK)
     with pytest.raises(TypeError, match="is a tensor-field role"):

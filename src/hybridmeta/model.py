@@ -29,9 +29,11 @@ from hybridmeta.core import (
     PHYSICAL_CHUNKS,
     PREFILL_TOKENS,
     PREFILLS,
+    Conventions,
     Dim,
     Pad,
     Role,
+    conventions_of,
     field,
     metadata,
     tensor_field,
@@ -77,17 +79,16 @@ class ForwardMetadata:
     mamba_cache_indices: torch.Tensor = tensor_field(
         rows=BATCH,
         dtypes=INDEX,
-        pad=_PAD_SLOT,
         role=Role.WORKING_SLOT,
-        doc="[bs] working state slot of each row (-1: pad row).",
+        doc="[bs] working state slot of each row (the null slot, -1 unless the class "
+        "declares another: pad row).",
     )
     mamba_track_indices: torch.Tensor | None = tensor_field(
         rows=BATCH,
         dtypes=INDEX,
-        pad=_PAD_SLOT,
         role=Role.TRACK_SLOT,
         default=None,
-        doc="[bs] track (prefix-cache) slot of each row, -1 where none.",
+        doc="[bs] track (prefix-cache) slot of each row, the null slot where none.",
     )
     mamba_track_mask: torch.Tensor | None = tensor_field(
         rows=BATCH,
@@ -370,7 +371,7 @@ class Mamba2Metadata(ForwardMetadata):
     mixed: MixedMetadata | None
 
     def __validate__(self) -> None:
-        ForwardMetadata.__validate__(self)
+        # (ForwardMetadata's own hook runs first: every class's hook runs, bases first)
         rows = self.mamba_cache_indices.shape[0]
         if self.num_prefills < 0 or self.num_decodes < 0:
             raise ValueError(
@@ -416,13 +417,42 @@ class Mamba2Metadata(ForwardMetadata):
             )
 
     @property
+    def conventions(self) -> Conventions:
+        """The engine's declared row order and null slot (:class:`Conventions`)."""
+        return conventions_of(self)
+
+    @property
     def prefill_slots(self) -> torch.Tensor:
         """``[num_prefills]`` working slots of the prefill rows (a view, no copy)."""
-        return self.mamba_cache_indices[: self.num_prefills]
+        return self.mamba_cache_indices[self.prefill_rows()]
+
+    def prefill_rows(self) -> slice:
+        """The prefill rows, in the declared row order (``Conventions.row_order``)."""
+        if conventions_of(self).decodes_first:
+            return slice(self.num_decodes, self.num_decodes + self.num_prefills)
+        return slice(0, self.num_prefills)
 
     def decode_rows(self) -> slice:
-        """The rows of the decode part (mixed batches: decode rows come last)."""
+        """The decode rows, in the declared row order: after the prefill rows (hybridmeta,
+        sglang), or first (vLLM, ``RowOrder.DECODES_FIRST``)."""
+        if conventions_of(self).decodes_first:
+            return slice(0, self.num_decodes)
         return slice(self.num_prefills, self.num_prefills + self.num_decodes)
+
+    def prefill_tokens(self) -> slice:
+        """The prefill rows' tokens among the forward's tokens (``T`` tokens per decode row
+        in a verify forward, one otherwise), in the declared row order."""
+        if conventions_of(self).decodes_first:
+            start = self.num_decodes * self.draft_token_num
+            return slice(start, start + self.num_prefill_tokens)
+        return slice(0, self.num_prefill_tokens)
+
+    def decode_tokens(self) -> slice:
+        """The decode rows' tokens among the forward's tokens, in the declared row order."""
+        n = self.num_decodes * self.draft_token_num
+        if conventions_of(self).decodes_first:
+            return slice(0, n)
+        return slice(self.num_prefill_tokens, self.num_prefill_tokens + n)
 
 
 def prepare_decode(fwd: ForwardMetadata) -> Mamba2Metadata:
@@ -485,7 +515,6 @@ class SpecCommitMetadata(Mamba2Metadata):
     )
 
     def __validate__(self) -> None:
-        Mamba2Metadata.__validate__(self)
         if not self.is_target_verify:
             raise ValueError(
                 "SpecCommitMetadata.is_target_verify must be set: a commit follows a "

@@ -6,7 +6,9 @@ Enable it in the engine's mypy configuration::
     plugins = ["hybridmeta.mypy_plugin"]
 
 ``@hybridmeta.metadata`` is a ``dataclass_transform`` decorator, so mypy already knows the
-fields and ``__init__`` of every metadata class. For a derived class this plugin adds::
+fields and ``__init__`` of every metadata class. For a derived class (one metadata base), and for the specialisation of a derived class
+for an extended source (two metadata bases ``(Derived, ExtendedSource)``), this plugin
+adds::
 
     @classmethod
     def evolve_from(cls, source: Source, /, *, <derived fields: required>,
@@ -25,8 +27,10 @@ from mypy.nodes import (
     ARG_NAMED_OPT,
     ARG_POS,
     Argument,
+    CallExpr,
     Decorator,
     FuncDef,
+    NameExpr,
     TypeInfo,
     Var,
 )
@@ -45,13 +49,27 @@ def _attributes(info: TypeInfo, ctx: ClassDefContext) -> list[DataclassAttribute
     return [DataclassAttribute.deserialize(info, a, ctx.api) for a in data["attributes"]]
 
 
+def _is_extension(ctx: ClassDefContext) -> bool:
+    """``@metadata(extension=True)``: built by its ``__init__``, like a root class."""
+    reason = ctx.reason
+    if not isinstance(reason, CallExpr):
+        return False
+    for name, arg in zip(reason.arg_names, reason.args, strict=True):
+        if name == "extension":
+            return isinstance(arg, NameExpr) and arg.fullname == "builtins.True"
+    return False
+
+
 def _metadata_class_hook(ctx: ClassDefContext) -> bool:
     if not dataclass_class_maker_callback(ctx):
         return False  # deferred: types not ready yet
     info = ctx.cls.info
-    source = next((b.type for b in info.bases if "dataclass" in b.type.metadata), None)
-    if source is None:
-        return True  # a root class: built by its __init__
+    bases = [b.type for b in info.bases if "dataclass" in b.type.metadata]
+    if not bases or _is_extension(ctx):
+        return True  # a root or extension class: built by its __init__
+    # One base: derived from it. Two bases (Derived, ExtendedSource): the specialisation
+    # of Derived for ExtendedSource, whose evolve_from takes the extended source.
+    source = bases[-1]
     own = _attributes(info, ctx)
     src = _attributes(source, ctx)
     if own is None or src is None:
