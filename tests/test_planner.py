@@ -8,8 +8,16 @@ import numpy as np
 import pytest
 import torch
 
-from hybridmeta import Mamba2Metadata, debug_mode, planner
-from hybridmeta.planner import MixedHostPlan, plan_host, plan_mixed_batch
+from hybridmeta import (
+    Conventions,
+    ForwardMetadata,
+    Mamba2Metadata,
+    RowOrder,
+    debug_mode,
+    metadata,
+    planner,
+)
+from hybridmeta.planner import MixedHostPlan, plan_host, plan_mixed_batch, plan_verify_host
 from hybridmeta.staging import to_device_packed
 
 
@@ -365,3 +373,98 @@ def test_refuses_a_device_that_is_no_device() -> None:
         _plan(device=3.0)
     with pytest.raises(ValueError, match=r"^plan_mixed_batch: device 'gpu0' is not a device name"):
         _plan(device="gpu0")
+
+
+@metadata(extension=True, conventions=Conventions(row_order=RowOrder.DECODES_FIRST, null_slot=0))
+class _VllmForward(ForwardMetadata):
+    """vLLM's conventions: decode rows first, null slot 0."""
+
+
+def test_decodes_first_worked_example() -> None:
+    # The track-kinds example above with its two decode rows first (vLLM's order): rows
+    # D3 (prefix 7), D4 (prefix 8), then P0, P1, P2. The decode rows' tokens come first,
+    # the prefill plan is the same (its tokens from 2), its mid-row saves name batch rows.
+    kw: dict[str, Any] = {
+        "extend_lens": [1, 1, 5, 4, 3],
+        "prefix_lens": [7, 8, 2, 1, 5],
+        "slots": [4, 5, 1, 2, 3],
+        "num_decodes": 2,
+        "chunk_size": 4,
+        "track_interval": 4,
+        "track_mask": [True] * 5,
+        "track_slots": [13, 14, 10, 11, 12],
+        "forward_cls": _VllmForward,
+    }
+    hp = _host(**kw)
+    assert (hp.final_rows, hp.h_rows, hp.recompute_rows) == ((0, 4), (3,), (2,))
+    with debug_mode():
+        md = _plan(**kw)
+    assert isinstance(md, Mamba2Metadata)
+    assert md.conventions.decodes_first and md.conventions.null_slot == 0
+    assert md.query_start_loc.tolist() == [0, 1, 2, 7, 11, 14]
+    assert (md.decode_rows(), md.prefill_rows()) == (slice(0, 2), slice(2, 5))
+    assert md.prefill_slots.tolist() == [1, 2, 3]
+    assert md.mixed is not None
+    tr = md.mixed.track
+    assert (tr.h_rows.tolist(), tr.recompute_rows.tolist()) == ([3], [2])
+    assert (tr.h_chunk.tolist(), tr.recompute_chunk.tolist(), tr.recompute_len.tolist()) == (
+        [2], [0], [2]
+    )  # fmt: skip
+    assert tr.windows.tolist() == [[5, 6, 7], [12 + 0 + 2, 0, 1]]  # prefill-relative
+    assert md.mixed.chunks.start.tolist()[:2] == [0, 4]
+    # the rows that save nothing hold the declared null slot, 0
+    assert md.mamba_track_indices is not None and md.mamba_track_mask is not None
+    assert md.mamba_track_indices.tolist() == [13, 0, 10, 11, 12]
+    assert md.mamba_track_mask.tolist() == [True, False, False, False, True]
+
+
+@pytest.mark.parametrize(
+    ("over", "exc", "match"),
+    [
+        # decode rows first: rows 0..num_decodes-1 are the decode rows
+        (
+            {"extend_lens": [5, 1], "prefix_lens": [3, 3], "num_decodes": 1},
+            ValueError,
+            r"extend_lens\[0\] = 5 but row 0 is a decode row \(decode rows come first \(RowOrder\.DECODES_FIRST\)",
+        ),
+        (
+            {"extend_lens": [1, 5], "prefix_lens": [0, 3], "num_decodes": 1},
+            ValueError,
+            r"prefix_lens\[0\] = 0 but row 0 is a decode row",
+        ),
+        # the null slot (0) is no live row's
+        ({"slots": [1, 0]}, ValueError, r"slots\[1\] = 0 is the null slot 0 \(Conventions\.null_slot\), which no live row holds"),
+        (
+            {"track_interval": 8, "track_mask": [False, True], "track_slots": [7, 0]},
+            ValueError,
+            r"track_slots\[1\] = 0 is the null slot 0 \(Conventions\.null_slot\) but track_mask\[1\] is set",
+        ),
+    ],
+)
+def test_decodes_first_and_null_slot_rules(
+    over: dict[str, Any], exc: type[Exception], match: str
+) -> None:
+    kw: dict[str, Any] = {"slots": [1, 2], "forward_cls": _VllmForward, **over}
+    with pytest.raises(exc, match=match):
+        _plan(**kw)
+    with pytest.raises(exc, match=match):
+        _host(**kw)
+
+
+class _Undecorated(ForwardMetadata):
+    pass
+
+
+@pytest.mark.parametrize(
+    ("cls", "match"),
+    [
+        ("ForwardMetadata", r"forward_cls must be ForwardMetadata or an engine's extension of it"),
+        (Mamba2Metadata, r"forward_cls Mamba2Metadata is a derived metadata class \(built only through evolve_from\)"),
+        (_Undecorated, r"_Undecorated subclasses the metadata class ForwardMetadata but is not decorated"),
+    ],
+)
+def test_refuses_a_forward_cls_the_planner_cannot_build(cls: object, match: str) -> None:
+    with pytest.raises(TypeError, match=match):
+        _plan(forward_cls=cls)
+    with pytest.raises(TypeError, match=match):
+        plan_verify_host(slots=[0, 1], draft_token_num=2, forward_cls=cls)  # type: ignore[arg-type]

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import torch
 
-from hybridmeta import plan_verify
+from hybridmeta import Conventions, ForwardMetadata, RowOrder, metadata, plan_verify
 from hybridmeta.planner import plan_verify_host
 from hybridmeta.staging import to_device_packed
 
@@ -94,3 +94,25 @@ def test_verify_plan_arguments_are_typed_and_named(
 def test_verify_plan_refuses_a_device_that_is_no_device() -> None:
     with pytest.raises(TypeError, match=r"^plan_verify: device must be a torch\.device or a str, got int 0$"):
         plan_verify(slots=[0, 1], draft_token_num=2, device=0)  # type: ignore[arg-type]
+
+
+@metadata(extension=True, conventions=Conventions(row_order=RowOrder.DECODES_FIRST, null_slot=0))
+class _VllmForward(ForwardMetadata):
+    """vLLM's conventions: decode rows first, null slot 0."""
+
+
+def test_verify_plan_follows_the_declared_null_slot() -> None:
+    # The engine's class is built, and its null slot (0) is what rows without a track
+    # slot hold; no row may hold it as its working or reserved track slot.
+    hp = plan_verify_host(slots=[4, 1, 7], draft_token_num=3, track_mask=[False, True, False],
+                          track_slots=[-1, 9, 5], forward_cls=_VllmForward)  # fmt: skip
+    assert hp.forward_cls is _VllmForward
+    md = hp.metadata(to_device_packed(hp.arrays, torch.device("cpu")))
+    assert md.conventions.null_slot == 0 and md.is_target_verify
+    assert isinstance(hp.forward(to_device_packed(hp.arrays, torch.device("cpu"))), _VllmForward)
+    assert md.mamba_track_indices is not None and md.mamba_track_indices.tolist() == [0, 9, 0]
+    with pytest.raises(ValueError, match=r"^plan_verify: slots\[1\] = 0 is the null slot 0"):
+        plan_verify(slots=[4, 0], draft_token_num=2, forward_cls=_VllmForward)
+    with pytest.raises(ValueError, match=r"^plan_verify: track_slots\[0\] = 0 is the null slot 0"):
+        plan_verify(slots=[4, 1], draft_token_num=2, track_mask=[True, False],
+                    track_slots=[0, 5], forward_cls=_VllmForward)  # fmt: skip

@@ -50,6 +50,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from hybridmeta.core import Conventions, conventions_of, is_extension
 from hybridmeta.model import (
     ChunkPlan,
     ConvWindows,
@@ -119,7 +120,10 @@ class MixedHostPlan:
     any_final_save : bool
         Some row saves its final state this step (``has_mamba_track_mask``).
     final_rows, h_rows, recompute_rows : tuple of int
-        Which rows save which kind of boundary (host copies, for logs and tests).
+        Which batch rows save which kind of boundary (host copies, for logs and tests).
+    forward_cls : type
+        The class :meth:`forward` builds (``ForwardMetadata``, or the engine's extension
+        of it); its declared :class:`~hybridmeta.Conventions` laid out the rows.
     """
 
     arrays: dict[str, IntArray]
@@ -133,14 +137,18 @@ class MixedHostPlan:
     final_rows: tuple[int, ...]
     h_rows: tuple[int, ...]
     recompute_rows: tuple[int, ...]
+    forward_cls: type[ForwardMetadata] = ForwardMetadata
 
     def forward(self, views: Mapping[str, torch.Tensor], **engine: object) -> ForwardMetadata:
-        """The forward's ``ForwardMetadata`` over staged ``views`` of :attr:`arrays`.
+        """The forward's ``ForwardMetadata`` (a :attr:`forward_cls`) over staged ``views``
+        of :attr:`arrays`.
 
-        ``engine`` passes further ``ForwardMetadata`` fields of the engine's own (e.g.
-        ``mamba_track_mask_indices``) through the same constructor.
+        ``engine`` passes further fields of the engine's own (e.g.
+        ``mamba_track_mask_indices``, or its extension's) through the same constructor.
         """
-        return _forward(_staged(views, _ROW_KEYS), self.track, self.any_final_save, engine)
+        return _forward(
+            _staged(views, _ROW_KEYS), self.track, self.any_final_save, engine, self.forward_cls
+        )
 
     def metadata(self, views: Mapping[str, torch.Tensor], **engine: object) -> Mamba2Metadata:
         """The forward's ``Mamba2Metadata`` over staged ``views`` of :attr:`arrays`."""
@@ -148,6 +156,7 @@ class MixedHostPlan:
         return _metadata(
             v, engine, self.num_prefills, self.num_decodes, self.num_prefill_tokens,
             self.chunk_size, self.conv_kernel, self.track, self.any_final_save,
+            self.forward_cls,
         )  # fmt: skip
 
 
@@ -161,10 +170,11 @@ def _metadata(
     conv_kernel: int,
     track: bool,
     any_final_save: bool,
+    forward_cls: type[ForwardMetadata],
 ) -> Mamba2Metadata:
     """A mixed forward's ``Mamba2Metadata`` over the staged views of its plan's arrays, in
     :attr:`MixedHostPlan.arrays`' order (the masks int or bool)."""
-    fwd = _forward(v[:4], track, any_final_save, engine)
+    fwd = _forward(v[:4], track, any_final_save, engine, forward_cls)
     if not num_prefills:
         return prepare_decode(fwd)
     (has_init, chunk_start, chunk_len, chunk_row, chunk_first, token_chunk, token_pos,
@@ -229,12 +239,16 @@ def _as_bool(t: torch.Tensor) -> torch.Tensor:
 
 
 def _forward(
-    v: Sequence[torch.Tensor], track: bool, any_save: bool, fields: Mapping[str, object]
+    v: Sequence[torch.Tensor],
+    track: bool,
+    any_save: bool,
+    fields: Mapping[str, object],
+    forward_cls: type[ForwardMetadata],
 ) -> ForwardMetadata:
     """The ``ForwardMetadata`` of a staged plan (mixed or verify): offsets, slots, tracking
     (``v``: the staged ``query_start_loc``, ``slots``, ``track_slots``, ``track_mask``)."""
     qsl, slots, track_slots, track_mask = v
-    return ForwardMetadata(
+    return forward_cls(
         query_start_loc=qsl,
         mamba_cache_indices=slots,
         mamba_track_indices=track_slots if track else None,
@@ -246,6 +260,30 @@ def _forward(
 
 _OWNER = "plan_mixed_batch"  # the name planner errors give (plan_host shares the checks)
 _I64_MAX = (1 << 63) - 1
+_ROOT_CONVENTIONS = conventions_of(ForwardMetadata)
+
+
+def _conventions(forward_cls: object, owner: str) -> Conventions:
+    """The declared conventions of a planner's ``forward_cls``: ``ForwardMetadata`` or an
+    engine's extension of it (``@metadata(extension=True)``), which the planner builds."""
+    if forward_cls is ForwardMetadata:
+        return _ROOT_CONVENTIONS
+    if not (isinstance(forward_cls, type) and issubclass(forward_cls, ForwardMetadata)):
+        raise TypeError(
+            f"{owner}: forward_cls must be ForwardMetadata or an engine's extension of it "
+            f"(@metadata(extension=True)), got {forward_cls!r}"
+        )
+    if not is_extension(forward_cls):  # an undecorated subclass is refused by name here
+        raise TypeError(
+            f"{owner}: forward_cls {forward_cls.__qualname__} is a derived metadata class "
+            "(built only through evolve_from); the planner builds the forward's source "
+            "metadata: pass ForwardMetadata or an extension of it (@metadata(extension=True))"
+        )
+    return conventions_of(forward_cls)
+
+
+def _null_name(null: int) -> str:
+    return f"the null slot {null} (Conventions.null_slot)"
 
 
 def _type_name(value: object) -> str:
@@ -420,6 +458,7 @@ def _check_positions(
     chunk_size: int,
     conv_kernel: int,
     track_interval: int | None,
+    decodes_first: bool = False,
 ) -> None:
     """The exact int64 rules behind :func:`_fits` (Python ints), each naming the rule."""
     ends = [p + e for p, e in zip(pre.tolist(), ext.tolist(), strict=True)]
@@ -436,7 +475,7 @@ def _check_positions(
             "overflow int64"
         )
     n_pre = ext.shape[0] - num_decodes
-    prefill = sum(ext[:n_pre].tolist())
+    prefill = sum((ext[num_decodes:] if decodes_first else ext[:n_pre]).tolist())
     if (prefill + n_pre + 2 * chunk_size + conv_kernel) * (conv_kernel + 1) > _I64_MAX:
         raise ValueError(
             f"plan_mixed_batch: extend_lens hold {prefill} prefill tokens; with chunk_size "
@@ -454,6 +493,8 @@ def _check_rows(
     prefix: IntArray,
     slots: IntArray,
     num_decodes: int,
+    decodes_first: bool = False,
+    null: int = -1,
 ) -> None:
     n = extend.shape[0]
     for name, arr in (("prefix_lens", prefix), ("slots", slots)):
@@ -465,14 +506,15 @@ def _check_rows(
         raise ValueError(f"plan_mixed_batch: num_decodes must be in [0, {n}], got {num_decodes}")
     if n == 0:
         raise ValueError("plan_mixed_batch: the batch has no rows")
-    dec = slice(n - num_decodes, n)
+    d0 = 0 if decodes_first else n - num_decodes  # the first decode row
+    dec = slice(d0, d0 + num_decodes)
     # Fast path: one reduction per rule; the checks below find the row only on failure.
     if (
         extend.min() >= 1
         and prefix.min() >= 0
         and slots.min() >= 0
         and (not num_decodes or (extend[dec].max() == 1 and prefix[dec].min() >= 1))
-        and not _has_duplicate(slots)
+        and not _has_duplicate(slots if null < 0 else np.append(slots, null))
     ):
         return
     if (extend < 1).any():
@@ -484,13 +526,14 @@ def _check_rows(
         r = int(np.argmax(prefix < 0))
         raise ValueError(f"plan_mixed_batch: prefix_lens[{r}] = {prefix[r]} must be >= 0")
     if (extend[dec] != 1).any():
-        r = n - num_decodes + int(np.argmax(extend[dec] != 1))
+        r = d0 + int(np.argmax(extend[dec] != 1))
+        where = "first (RowOrder.DECODES_FIRST)" if decodes_first else "last"
         raise ValueError(
             f"plan_mixed_batch: extend_lens[{r}] = {extend[r]} but row {r} is a decode row "
-            "(decode rows come last and take exactly 1 token)"
+            f"(decode rows come {where} and take exactly 1 token)"
         )
     if (prefix[dec] < 1).any():
-        r = n - num_decodes + int(np.argmax(prefix[dec] < 1))
+        r = d0 + int(np.argmax(prefix[dec] < 1))
         raise ValueError(
             f"plan_mixed_batch: prefix_lens[{r}] = 0 but row {r} is a decode row, which always "
             "resumes from a state"
@@ -500,6 +543,12 @@ def _check_rows(
         raise ValueError(
             f"plan_mixed_batch: slots[{r}] = {slots[r]}; the planner takes live rows only "
             "(pad rows are added by the graph buffers)"
+        )
+    if null >= 0 and (slots == null).any():
+        r = int(np.argmax(slots == null))
+        raise ValueError(
+            f"plan_mixed_batch: slots[{r}] = {null} is {_null_name(null)}, which no live row "
+            "holds (pad rows carry it)"
         )
     if _has_duplicate(slots):
         raise ValueError("plan_mixed_batch: slots has a duplicate working slot")
@@ -511,6 +560,7 @@ def _check_track(
     slots: IntArray,
     owner: str = _OWNER,
     rows: str = "extend_lens",
+    null: int = -1,
 ) -> None:
     n = slots.shape[0]
     for name, arr in (("track_mask", track_mask), ("track_slots", track_slots)):
@@ -521,13 +571,20 @@ def _check_track(
         return
     # Fast path: the working slots are distinct (checked first), so one sort of both finds
     # a track slot that is a working slot or another tracked row's; details only on failure.
-    if tracked.min() >= 0 and not _has_duplicate(np.concatenate((slots, tracked))):
+    pool = np.concatenate((slots, tracked) if null < 0 else (slots, tracked, [null]))
+    if tracked.min() >= 0 and not _has_duplicate(pool):
         return
     if (tracked < 0).any():
         r = int(np.flatnonzero(track_mask)[np.argmax(tracked < 0)])
         raise ValueError(
             f"{owner}: track_slots[{r}] = {track_slots[r]} but track_mask[{r}] is set; "
             "a tracked row needs a track slot >= 0"
+        )
+    if null >= 0 and (tracked == null).any():
+        r = int(np.flatnonzero(track_mask)[np.argmax(tracked == null)])
+        raise ValueError(
+            f"{owner}: track_slots[{r}] = {null} is {_null_name(null)} but track_mask[{r}] "
+            "is set; a tracked row needs a track slot of its own"
         )
     clash = _member(tracked, slots)
     if clash.any():
@@ -565,6 +622,8 @@ def _rows_ok(
     num_decodes: int,
     track_mask: npt.NDArray[np.bool_] | None,
     track_slots: IntArray | None,
+    decodes_first: bool = False,
+    null: int = -1,
 ) -> bool:
     """Whether every rule of :func:`_check_rows` and :func:`_check_track` holds: one
     reduction per rule and one sort of the working and tracked slots together (distinct
@@ -576,14 +635,17 @@ def _rows_ok(
         return False
     if ext_min < 1 or pre_min < 0:
         return False
-    if num_decodes and (ext[n - num_decodes :].max() != 1 or pre[n - num_decodes :].min() < 1):
-        return False
+    if num_decodes:
+        dec = slice(0, num_decodes) if decodes_first else slice(n - num_decodes, n)
+        if ext[dec].max() != 1 or pre[dec].min() < 1:
+            return False
     if track_mask is None or track_slots is None:
-        pool = slots.copy()
+        pool = slots.copy() if null < 0 else np.append(slots, null)
     elif track_mask.shape[0] != n or track_slots.shape[0] != n:
         return False
     else:
-        pool = np.concatenate((slots, track_slots[track_mask]))
+        parts = (slots, track_slots[track_mask])
+        pool = np.concatenate(parts if null < 0 else (*parts, [null]))
     pool.sort()
     return bool(pool[0] >= 0) and not bool((pool[1:] == pool[:-1]).any())
 
@@ -749,21 +811,25 @@ def plan_host(
     track_interval: int | None = None,
     track_mask: BoolLike | None = None,
     track_slots: IntLike | None = None,
+    forward_cls: type[ForwardMetadata] = ForwardMetadata,
 ) -> MixedHostPlan:
     """Plan one mixed forward from host data (no device work).
 
     Parameters
     ----------
     extend_lens : sequence of int or CPU tensor
-        ``[bs]`` new tokens per row; prefill rows first, then ``num_decodes`` decode rows
-        with exactly 1 token each.
+        ``[bs]`` new tokens per row, in the declared row order of ``forward_cls``:
+        prefill rows first, then ``num_decodes`` decode rows with exactly 1 token each
+        (``RowOrder.PREFILLS_FIRST``, the default), or the decode rows first
+        (``RowOrder.DECODES_FIRST``, vLLM's order). Every per-row argument follows it.
     prefix_lens : sequence of int or CPU tensor
         ``[bs]`` tokens already in the row's state (> 0 means the row resumes from the
         state in its working slot).
     slots : sequence of int or CPU tensor
-        ``[bs]`` working state slot of each row (``mamba_cache_indices``), distinct, >= 0.
+        ``[bs]`` working state slot of each row (``mamba_cache_indices``), distinct, >= 0,
+        never the declared null slot (``Conventions.null_slot``: pad rows carry it).
     num_decodes : int
-        Number of decode rows at the end of the batch.
+        Number of decode rows (after the prefill rows, or before them).
     chunk_size : int
         SSD scan chunk size (the state grid).
     conv_kernel : int
@@ -776,7 +842,12 @@ def plan_host(
         track slot.
     track_slots : sequence of int or CPU tensor, optional
         ``[bs]`` track slot of each row (ignored where ``track_mask`` is False); must not be a
-        working slot of this batch.
+        working slot of this batch. Rows that save nothing get the null slot in
+        ``mamba_track_indices``.
+    forward_cls : type, optional
+        The forward's source metadata class the plan builds: ``ForwardMetadata`` (default)
+        or the engine's extension of it (``@metadata(extension=True)``), whose declared
+        :class:`~hybridmeta.Conventions` give the row order and the null slot.
 
     Returns
     -------
@@ -784,8 +855,12 @@ def plan_host(
 
     Raises
     ------
+    TypeError
+        An argument of the wrong type (a count that is not a plain ``int``, a per-row
+        argument that is no sequence, a ``forward_cls`` that is no source class).
     ValueError
-        Inconsistent configuration or rows; the message names the field and the rule.
+        Inconsistent configuration or rows, a per-row argument that is not 1-D, a value
+        or position past int64; the message names the field and the rule.
     """
     hp = _plan(
         extend_lens=extend_lens,
@@ -798,6 +873,7 @@ def plan_host(
         track_mask=track_mask,
         track_slots=track_slots,
         device=None,
+        forward_cls=forward_cls,
     )
     assert isinstance(hp, MixedHostPlan)
     return hp
@@ -815,6 +891,7 @@ def _plan(
     track_mask: BoolLike | None,
     track_slots: IntLike | None,
     device: torch.device | None,
+    forward_cls: type[ForwardMetadata],
 ) -> MixedHostPlan | Mamba2Metadata:
     """:func:`plan_host`; with a ``device``, :func:`plan_mixed_batch`: the plan is packed
     for the device as it is computed (:class:`_Staging`), and no host plan is kept.
@@ -826,19 +903,26 @@ def _plan(
     (:func:`_token_parts`). A decode-only batch (the hot path of a decode step) skips
     the prefill phases: its rows have one token each, so a save is always the row's final
     token.
+
+    The row order and the null slot are ``forward_cls``'s declared conventions. The
+    per-row arrays of the forward (offsets, slots, track slots and mask) follow the batch
+    rows; the prefill phases work on the prefill rows and their tokens alone (decode rows
+    first: they start after the ``num_decodes`` decode tokens); the mid-row saves name
+    batch rows.
     """
+    conv = _conventions(forward_cls, _OWNER)
+    decodes_first, null = conv.decodes_first, conv.null_slot
     ext, pre, slt, tmask, tslots, ext_min = _rows(
         extend_lens, prefix_lens, slots, num_decodes, chunk_size, conv_kernel,
-        track_interval, track_mask, track_slots,
+        track_interval, track_mask, track_slots, decodes_first, null,
     )  # fmt: skip
     n_rows = ext.shape[0]
     n_pre = n_rows - num_decodes
     qsl = np.empty(n_rows + 1, dtype=np.int64)
     qsl[0] = 0
     ext.cumsum(out=qsl[1:])
-    total = int(qsl[n_pre])  # flattened prefill tokens
     track_out, is_final, final_rows, mid_rows, rem = _track_kinds(
-        ext, pre, tmask, tslots, track_interval
+        ext, pre, tmask, tslots, track_interval, null
     )
     track = track_mask is not None
     if not n_pre:
@@ -846,24 +930,33 @@ def _plan(
             staging, _ = _pack(device, [qsl, slt, track_out], (), [is_final], _ORDER_ROWS)
             return _metadata(
                 staging.views(device), {}, 0, num_decodes, 0, chunk_size, conv_kernel, track,
-                bool(final_rows),
+                bool(final_rows), forward_cls,
             )  # fmt: skip
         parts: tuple[IntArray, ...] = (qsl, slt, track_out, is_final.astype(np.int64))
         return _host_plan(
-            parts, 0, num_decodes, 0, chunk_size, conv_kernel, track, final_rows, _EMPTY, _EMPTY
-        )
+            parts, 0, num_decodes, 0, chunk_size, conv_kernel, track, final_rows, _EMPTY,
+            _EMPTY, forward_cls,
+        )  # fmt: skip
 
+    # The prefill rows: the first n_pre rows, or (decode rows first) the rows after the
+    # num_decodes decode rows, whose tokens follow the decode rows' one token each.
+    first = num_decodes if decodes_first else 0
+    if first:
+        pqsl, pext, ppre = qsl[first:] - first, ext[first:], pre[first:]
+    else:
+        pqsl, pext, ppre = qsl, ext, pre
+    total = int(pqsl[n_pre])  # flattened prefill tokens
     starts, chunk_len, chunk_row, chunk_first, token_chunk, row_last_chunk, phys_last_chunk = (
-        _chunks(qsl, n_pre, total, chunk_size)
+        _chunks(pqsl, n_pre, total, chunk_size)
     )
-    has_init = pre[:n_pre] > 0
+    has_init = ppre[:n_pre] > 0
     # Some row is shorter than its window (a decode row is: then ask the prefill rows).
-    shortest = int(ext[:n_pre].min()) if num_decodes else ext_min
+    shortest = int(pext[:n_pre].min()) if num_decodes else ext_min
     init, off, cell, value, final_conv = _conv_windows(
-        qsl, ext, n_pre, total, conv_kernel, shortest < conv_kernel - 1
+        pqsl, pext, n_pre, total, conv_kernel, shortest < conv_kernel - 1
     )
     h_rows, h_chunk, rc_rows, rc_chunk, rc_len, mid_conv = _mid_saves(
-        qsl, rem, mid_rows, starts, init, off, chunk_size, conv_kernel - 1
+        pqsl, rem, mid_rows, starts, init, off, chunk_size, conv_kernel - 1, first
     )
     # The token-sized parts are written in place: into the staged buffer when there is
     # one (everything else is copied there in one pass).
@@ -882,7 +975,7 @@ def _plan(
         # Planned for a device: its metadata over the staged views (no host arrays kept).
         return _metadata(
             staging.views(device), {}, n_pre, num_decodes, total, chunk_size, conv_kernel,
-            track, bool(final_rows),
+            track, bool(final_rows), forward_cls,
         )  # fmt: skip
     token_pos = np.empty(total, dtype=np.int64)
     token_conv = np.empty(total * conv_kernel, dtype=np.int64)
@@ -895,7 +988,7 @@ def _plan(
     )  # fmt: skip
     return _host_plan(
         parts, n_pre, num_decodes, total, chunk_size, conv_kernel, track, final_rows, h_rows,
-        rc_rows,
+        rc_rows, forward_cls,
     )  # fmt: skip
 
 
@@ -909,6 +1002,8 @@ def _rows(
     track_interval: int | None,
     track_mask: BoolLike | None,
     track_slots: IntLike | None,
+    decodes_first: bool,
+    null: int,
 ) -> tuple[IntArray, IntArray, IntArray, npt.NDArray[np.bool_] | None, IntArray | None, int]:
     """Phase 1, the arguments: checked and converted before anything is computed.
 
@@ -944,19 +1039,23 @@ def _rows(
     ok = _fits(hi, ext.shape[0], chunk_size, conv_kernel, track_interval)
     if track_mask is None:
         ok = ok and track_slots is None
-        ok = ok and _rows_ok(ext_min, pre_min, ext, pre, slt, num_decodes, None, None)
+        ok = ok and _rows_ok(
+            ext_min, pre_min, ext, pre, slt, num_decodes, None, None, decodes_first, null
+        )
     elif tracking:
         tmask = _try_host(_host_bools, "track_mask", track_mask)
         if tslots is None:
             tslots = _try_host(_host_ints, "track_slots", track_slots)  # type: ignore[arg-type]
         ok = ok and tmask is not None and tslots is not None
-        ok = ok and _rows_ok(ext_min, pre_min, ext, pre, slt, num_decodes, tmask, tslots)
+        ok = ok and _rows_ok(
+            ext_min, pre_min, ext, pre, slt, num_decodes, tmask, tslots, decodes_first, null
+        )
     else:
         ok = False
     if not ok:
         # Some rule is broken (or the cheap int64 bound failed): the checks in their
         # order, each naming its rule.
-        _check_rows(ext, pre, slt, num_decodes)
+        _check_rows(ext, pre, slt, num_decodes, decodes_first, null)
         if track_mask is None:
             if track_slots is not None:
                 raise ValueError("plan_mixed_batch: track_slots given without track_mask")
@@ -967,8 +1066,10 @@ def _rows(
                 raise ValueError("plan_mixed_batch: track_mask given without track_interval")
             tmask = _host_bools("track_mask", track_mask)
             tslots = _host_ints("track_slots", track_slots)
-            _check_track(tmask, tslots, slt)
-        _check_positions(ext, pre, num_decodes, chunk_size, conv_kernel, track_interval)
+            _check_track(tmask, tslots, slt, null=null)
+        _check_positions(
+            ext, pre, num_decodes, chunk_size, conv_kernel, track_interval, decodes_first
+        )
     return ext, pre, slt, tmask, tslots, ext_min
 
 
@@ -978,11 +1079,13 @@ def _track_kinds(
     tmask: npt.NDArray[np.bool_] | None,
     tslots: IntArray | None,
     track_interval: int | None,
+    null: int,
 ) -> tuple[IntArray, npt.NDArray[np.bool_], tuple[int, ...], IntArray, IntArray]:
     """Phase 2, the track kinds: which rows save their last boundary, and how.
 
     Returns ``(track_slots, is_final, final_rows, mid_rows, rem)``: each row's track slot
-    where it saves (``-1`` elsewhere: ``mamba_track_indices``), the rows whose boundary
+    where it saves (``null``, the declared null slot, elsewhere: ``mamba_track_indices``),
+    the batch rows whose boundary
     ends them (``mamba_track_mask``; as a tuple too), the rows whose boundary falls inside
     their new tokens (prefill rows only: decode rows have one token), and each row's
     ``(prefix + extend) % track_interval``. A row's last boundary
@@ -991,12 +1094,12 @@ def _track_kinds(
     """
     if tmask is None or tslots is None or track_interval is None:
         n_rows = ext.shape[0]
-        no_save = np.full(n_rows, -1, dtype=np.int64)
+        no_save = np.full(n_rows, null, dtype=np.int64)
         return no_save, np.zeros(n_rows, dtype=np.bool_), (), _EMPTY, _EMPTY
     rem = (pre + ext) % track_interval
     saves = tmask & (ext > rem)
     is_final = saves & (rem == 0)
-    track_out = np.where(saves, tslots, -1)
+    track_out = np.where(saves, tslots, null)
     final_rows = tuple(is_final.nonzero()[0].tolist())
     mid_rows = (saves ^ is_final).nonzero()[0]  # only prefill rows: decode rows have 1 token
     return track_out, is_final, final_rows, mid_rows, rem
@@ -1065,7 +1168,7 @@ def _conv_windows(
 
 
 def _mid_saves(
-    qsl: IntArray,
+    pqsl: IntArray,
     rem: IntArray,
     mid_rows: IntArray,
     starts: IntArray,
@@ -1073,6 +1176,7 @@ def _mid_saves(
     off: IntArray,
     chunk_size: int,
     k1: int,
+    first: int,
 ) -> tuple[IntArray, IntArray, IntArray, IntArray, IntArray, IntArray]:
     """Phase 5, the mid-row saves (:class:`ExtendTrackPlan`): each boundary inside a
     prefill row's new tokens, on the chunk grid (the chunk's end state, ``h``) or
@@ -1080,24 +1184,28 @@ def _mid_saves(
 
     Returns ``(h_rows, h_chunk, recompute_rows, recompute_chunk, recompute_len,
     windows)``, the conv windows flat. Rows on the grid first, then the others, each in
-    row order.
+    row order. ``mid_rows`` and the rows returned are batch rows, ``pqsl`` the prefill
+    rows' offsets among the prefill tokens; the first prefill row is batch row ``first``.
     """
     if not mid_rows.shape[0]:
         return _EMPTY, _EMPTY, _EMPTY, _EMPTY, _EMPTY, _EMPTY
-    # g: flattened position after the boundary token (on the grid: g % L == 0).
-    g = qsl[mid_rows + 1] - rem[mid_rows]
+    prow = mid_rows - first if first else mid_rows  # their prefill rows
+    # g: flattened prefill position after the boundary token (on the grid: g % L == 0).
+    g = pqsl[prow + 1] - rem[mid_rows]
     off_grid_save = (g % chunk_size) != 0
     order = off_grid_save.argsort(kind="stable")
-    rows, g = mid_rows[order], g[order]
+    rows, g = prow[order], g[order]
     n_h = rows.shape[0] - int(np.count_nonzero(off_grid_save))
     # The logical chunk holding the boundary token (on the grid: the physical chunk's
     # last, whose end state is the boundary's).
     chunk = starts.searchsorted(g - 1, "right") - 1
     rc_chunk = chunk[n_h:]
     rc_len = g[n_h:] - starts[rc_chunk]
-    mid_start = qsl[rows]
+    mid_start = pqsl[rows]
     whole = bool((g - mid_start).min() >= k1)
     mid_conv = _windows(g, mid_start, init[rows], off, whole).reshape(-1)
+    if first:
+        rows = rows + first  # batch rows
     return rows[:n_h], chunk[:n_h], rows[n_h:], rc_chunk, rc_len, mid_conv
 
 
@@ -1129,6 +1237,7 @@ def _host_plan(
     final_rows: tuple[int, ...],
     h_rows: IntArray,
     rc_rows: IntArray,
+    forward_cls: type[ForwardMetadata],
 ) -> MixedHostPlan:
     """The :class:`MixedHostPlan` of ``parts`` (:attr:`MixedHostPlan.arrays`' order)."""
     return MixedHostPlan(
@@ -1143,6 +1252,7 @@ def _host_plan(
         final_rows=final_rows,
         h_rows=tuple(h_rows.tolist()),
         recompute_rows=tuple(rc_rows.tolist()),
+        forward_cls=forward_cls,
     )
 
 
@@ -1191,6 +1301,7 @@ def plan_mixed_batch(
     track_mask: BoolLike | None = None,
     track_slots: IntLike | None = None,
     device: torch.device | str = "cpu",
+    forward_cls: type[ForwardMetadata] = ForwardMetadata,
 ) -> Mamba2Metadata:
     """:func:`plan_host`, then one staged copy to ``device``: the forward's metadata.
 
@@ -1208,6 +1319,7 @@ def plan_mixed_batch(
         track_mask=track_mask,
         track_slots=track_slots,
         device=dev,
+        forward_cls=forward_cls,
     )
     assert isinstance(md, Mamba2Metadata)
     return md
@@ -1228,6 +1340,8 @@ class VerifyHostPlan:
         Track fields are present (``track_mask`` was given).
     any_track : bool
         Some row may cross a boundary (``has_mamba_track_mask``).
+    forward_cls : type
+        The class :meth:`forward` builds (``ForwardMetadata``, or the engine's extension).
     """
 
     arrays: dict[str, IntArray]
@@ -1235,6 +1349,7 @@ class VerifyHostPlan:
     draft_token_num: int
     track: bool
     any_track: bool
+    forward_cls: type[ForwardMetadata] = ForwardMetadata
 
     def forward(self, views: Mapping[str, torch.Tensor], **engine: object) -> ForwardMetadata:
         """The verify forward's ``ForwardMetadata`` over staged ``views`` of :attr:`arrays`.
@@ -1253,7 +1368,7 @@ class VerifyHostPlan:
         self, v: Sequence[torch.Tensor], engine: Mapping[str, object]
     ) -> ForwardMetadata:
         fields = {"is_target_verify": True, "draft_token_num": self.draft_token_num, **engine}
-        return _forward(v, self.track, self.any_track, fields)
+        return _forward(v, self.track, self.any_track, fields, self.forward_cls)
 
 
 def plan_verify_host(
@@ -1262,6 +1377,7 @@ def plan_verify_host(
     draft_token_num: int,
     track_mask: BoolLike | None = None,
     track_slots: IntLike | None = None,
+    forward_cls: type[ForwardMetadata] = ForwardMetadata,
 ) -> VerifyHostPlan:
     """Plan a speculative target-verify forward from host data (no device work).
 
@@ -1276,13 +1392,21 @@ def plan_verify_host(
         ``[bs]`` rows that may cross a track boundary with their tokens, and the track slot
         each reserved (not a working slot of this batch). The commit decides from the
         accepted tokens whether (and from which column) the boundary is saved.
+    forward_cls : type, optional
+        ``ForwardMetadata`` (default) or the engine's extension of it; its declared null
+        slot is what rows without a track slot hold, and what no row may hold as its
+        working or reserved track slot (a verify forward has no prefill rows: the row
+        order does not matter).
 
     Raises
     ------
+    TypeError
+        An argument of the wrong type.
     ValueError
         The message names the argument and the rule.
     """
     owner = "plan_verify"
+    null = _conventions(forward_cls, owner).null_slot
     _check_int("draft_token_num", draft_token_num, owner)
     if draft_token_num < 1:
         raise ValueError(f"plan_verify: draft_token_num must be an int >= 1, got {draft_token_num}")
@@ -1297,18 +1421,23 @@ def plan_verify_host(
         )
     if (slt < 0).any() or _has_duplicate(slt):
         raise ValueError("plan_verify: slots must be distinct working slots >= 0 (live rows only)")
+    if null >= 0 and (slt == null).any():
+        r = int(np.argmax(slt == null))
+        raise ValueError(
+            f"plan_verify: slots[{r}] = {null} is {_null_name(null)}, which no live row holds"
+        )
     if (track_mask is None) != (track_slots is None):
         raise ValueError("plan_verify: track_mask and track_slots are given together")
     tmask = np.zeros(n, dtype=np.bool_)
-    tslots = np.full(n, -1, dtype=np.int64)
+    tslots = np.full(n, null, dtype=np.int64)
     if track_mask is not None and track_slots is not None:
         tmask = _host_bools("track_mask", track_mask, owner)
         tslots = _host_ints("track_slots", track_slots, owner)
-        _check_track(tmask, tslots, slt, owner, "slots")
+        _check_track(tmask, tslots, slt, owner, "slots", null)
     arrays = {
         "query_start_loc": np.arange(n + 1, dtype=np.int64) * draft_token_num,
         "slots": slt,
-        "track_slots": np.where(tmask, tslots, -1),
+        "track_slots": np.where(tmask, tslots, null),
         "track_mask": tmask.astype(np.int64),
     }
     return VerifyHostPlan(
@@ -1317,6 +1446,7 @@ def plan_verify_host(
         draft_token_num=draft_token_num,
         track=track_mask is not None,
         any_track=bool(tmask.any()),
+        forward_cls=forward_cls,
     )
 
 
@@ -1327,6 +1457,7 @@ def plan_verify(
     track_mask: BoolLike | None = None,
     track_slots: IntLike | None = None,
     device: torch.device | str = "cpu",
+    forward_cls: type[ForwardMetadata] = ForwardMetadata,
     **engine: object,
 ) -> Mamba2Metadata:
     """:func:`plan_verify_host`, then one staged copy to ``device``: the verify forward's
@@ -1337,6 +1468,7 @@ def plan_verify(
         draft_token_num=draft_token_num,
         track_mask=track_mask,
         track_slots=track_slots,
+        forward_cls=forward_cls,
     )
     views = pack_arrays(list(hp.arrays.values()), dev, as_bool=[k in BOOL_PARTS for k in hp.arrays])
     return prepare_target_verify(hp._forward(views, engine))

@@ -15,7 +15,14 @@ import numpy as np
 import torch
 from hypothesis import strategies as st
 
-from hybridmeta import Mamba2Metadata, plan_mixed_batch
+from hybridmeta import (
+    Conventions,
+    ForwardMetadata,
+    Mamba2Metadata,
+    RowOrder,
+    metadata,
+    plan_mixed_batch,
+)
 from hybridmeta.kernels import (
     ConvPrefillOutput,
     Impl,
@@ -33,11 +40,13 @@ from tests.oracle import OracleRow, oracle_layer, oracle_ssm_row
 __all__ = [
     "BF16",
     "FP32",
+    "ROW_ORDER_FORWARDS",
     "WRONG_ARGUMENT_KINDS",
     "BatchSpec",
     "LayerData",
     "batch_specs",
     "close",
+    "decodes_first",
     "make_layer",
     "plan_kwargs",
     "plan_of",
@@ -236,6 +245,34 @@ def plan_kwargs(spec: BatchSpec) -> dict[str, Any]:
         "track_mask": spec.track_mask,
         "track_slots": spec.track_slots,
     }
+
+
+@metadata(extension=True, conventions=Conventions(row_order=RowOrder.DECODES_FIRST))
+class DecodesFirstForward(ForwardMetadata):
+    """An engine's forward metadata with decode rows first (pad slot -1)."""
+
+
+@metadata(
+    extension=True, conventions=Conventions(row_order=RowOrder.DECODES_FIRST, null_slot=0)
+)
+class VllmStyleForward(ForwardMetadata):
+    """vLLM's conventions: decode rows first, null slot 0 (``NULL_BLOCK_ID``, a slot every
+    pool reserves, never a live row's)."""
+
+
+#: Source classes declaring decode rows first, with the null slot -1 and 0.
+ROW_ORDER_FORWARDS: tuple[type[ForwardMetadata], ...] = (DecodesFirstForward, VllmStyleForward)
+
+
+def decodes_first(spec: BatchSpec) -> tuple[dict[str, Any], list[int]]:
+    """``spec``'s planner arguments with its decode rows first (each part in its order),
+    and the permutation: row ``i`` of that batch is row ``perm[i]`` of ``spec``."""
+    n, n_pre = len(spec.extend_lens), spec.num_prefills
+    perm = [*range(n_pre, n), *range(n_pre)]
+    kw = plan_kwargs(spec)
+    for name in ("extend_lens", "prefix_lens", "slots", "track_mask", "track_slots"):
+        kw[name] = tuple(kw[name][r] for r in perm)
+    return kw, perm
 
 
 def plan_of(spec: BatchSpec, device: torch.device | str = "cpu") -> Mamba2Metadata:
