@@ -30,7 +30,13 @@ positive multiple of ``track_interval``) reached by its new tokens,
 * otherwise the boundary is off the grid and is recomputed from the state entering its
   logical chunk plus fewer than ``chunk_size`` tokens (``ExtendTrackPlan.recompute_*``).
 
-Rows that save record their track slot in ``mamba_track_indices``; the others hold ``-1``.
+Rows that save record their track slot in ``mamba_track_indices``; the others hold the
+null slot (``-1`` unless the forward's class declares another).
+
+The rows come in the order the forward's source class declares (``forward_cls=``:
+``ForwardMetadata``, prefill rows first, or an engine's extension declaring
+``Conventions(row_order=RowOrder.DECODES_FIRST)``, vLLM's order); the prefill part of the
+plan (``MixedMetadata``) covers the prefill rows and their tokens alone, whichever order.
 
 A speculative target-verify forward (``draft_token_num`` tokens per row, every row a
 verify row) is planned by :func:`plan_verify_host` / :func:`plan_verify` the same way: host
