@@ -278,9 +278,13 @@ def test_decodes_first_batches_plan_the_same_requests(
     dec_df = df.mamba_cache_indices[df.decode_rows()]
     assert dec_df.tolist() == md.mamba_cache_indices[md.decode_rows()].tolist()
     hp, hp_df = plan_host(**plan_kwargs(spec)), plan_host(**kw, forward_cls=cls)
-    assert hp_df.forward_cls is cls and isinstance(
-        hp_df.forward(to_device_packed(hp_df.arrays, torch.device("cpu"))), cls
-    )
+    views = to_device_packed(hp_df.arrays, torch.device("cpu"), as_bool=BOOL_PARTS)
+    assert hp_df.forward_cls is cls and isinstance(hp_df.forward(views), cls)
+    two_steps, one_call = _leaves(hp_df.metadata(views)), _leaves(df)  # the same metadata
+    assert two_steps.keys() == one_call.keys()
+    for name, w in two_steps.items():
+        g = one_call[name]
+        assert torch.equal(g, w) if isinstance(w, torch.Tensor) else g == w, name
     assert list(hp_df.final_rows) == sorted(pos[r] for r in hp.final_rows)
     assert list(hp_df.h_rows) == [pos[r] for r in hp.h_rows]
     assert list(hp_df.recompute_rows) == [pos[r] for r in hp.recompute_rows]
