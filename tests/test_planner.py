@@ -122,6 +122,14 @@ def test_one_staged_copy_with_the_callers_arrays() -> None:
         hp.metadata({"mine": views["mine"]})
 
 
+def test_refuses_views_that_are_no_mapping() -> None:
+    hp = _host()
+    staged = list(to_device_packed(hp.arrays, torch.device("cpu")).values())
+    for build in (hp.forward, hp.metadata):
+        with pytest.raises(TypeError, match=r"^MixedHostPlan: views must be the mapping to_device_packed returns .*got list$"):
+            build(staged)  # type: ignore[arg-type]
+
+
 def test_engine_fields_pass_through_the_constructor() -> None:
     hp = _host()
     views = to_device_packed(hp.arrays, torch.device("cpu"))

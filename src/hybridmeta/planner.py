@@ -230,6 +230,11 @@ def _staged(
     prefix: str = _P,
 ) -> list[torch.Tensor]:
     """The staged views of ``keys`` (``prefix`` + name), in order."""
+    if not isinstance(views, Mapping):
+        raise TypeError(
+            f"{owner}: views must be the mapping to_device_packed returns (names to staged "
+            f"tensors), got {_type_name(views)}"
+        )
     try:
         return [views[k] for k in keys]
     except KeyError:
