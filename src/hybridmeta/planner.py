@@ -277,6 +277,7 @@ def _forward(
 _OWNER = "plan_mixed_batch"  # the name planner errors give (plan_host shares the checks)
 _I64_MAX = (1 << 63) - 1
 _ROOT_CONVENTIONS = conventions_of(ForwardMetadata)
+_ROOT_ORDER = (_ROOT_CONVENTIONS.decodes_first, _ROOT_CONVENTIONS.null_slot)
 
 
 def _conventions(forward_cls: object, owner: str) -> Conventions:
@@ -337,26 +338,24 @@ def _check_host(name: str, value: torch.Tensor, owner: str = _OWNER) -> None:
         )
 
 
-def _host_array(name: str, value: object, what: str, owner: str) -> npt.NDArray[Any]:
-    """``value`` (a sequence or numpy array, not a tensor) as a 1-D numpy array, or our
-    error: a scalar, string or other non-sequence, a nested or ragged sequence."""
-    try:
-        arr = value if isinstance(value, np.ndarray) else np.asarray(value)
-    except (ValueError, TypeError):  # ragged: numpy refuses to build it
-        raise ValueError(
+def _not_one_row_each(
+    name: str, value: object, arr: npt.NDArray[Any] | None, what: str, owner: str
+) -> Exception:
+    """The error for a per-row argument that is no 1-D sequence (``arr``: what numpy made
+    of it; ``None``: numpy refused it, a ragged sequence)."""
+    if arr is None:
+        return ValueError(
             f"{owner}: {name} must be a flat (1-D) sequence of {what}, one per row; got a "
             "nested or ragged sequence"
-        ) from None
-    if arr.ndim != 1:
-        if arr.ndim == 0:
-            raise TypeError(
-                f"{owner}: {name} must be a 1-D sequence of {what} (one per row), a numpy array "
-                f"or a CPU tensor; got {_type_name(value)}"
-            )
-        raise ValueError(
-            f"{owner}: {name} must be 1-D (one entry per row), got shape {tuple(arr.shape)}"
         )
-    return arr
+    if arr.ndim == 0:
+        return TypeError(
+            f"{owner}: {name} must be a 1-D sequence of {what} (one per row), a numpy array "
+            f"or a CPU tensor; got {_type_name(value)}"
+        )
+    return ValueError(
+        f"{owner}: {name} must be 1-D (one entry per row), got shape {tuple(arr.shape)}"
+    )
 
 
 def _host_ints(name: str, value: IntLike, owner: str = _OWNER) -> IntArray:
@@ -371,7 +370,12 @@ def _host_ints(name: str, value: IntLike, owner: str = _OWNER) -> IntArray:
         arr: npt.NDArray[Any] = value.detach().numpy()
         listed = False
     else:
-        arr = _host_array(name, value, "ints", owner)
+        try:
+            arr = value if isinstance(value, np.ndarray) else np.asarray(value)
+        except (ValueError, TypeError):  # ragged: numpy refuses to build it
+            raise _not_one_row_each(name, value, None, "ints", owner) from None
+        if arr.ndim != 1:
+            raise _not_one_row_each(name, value, arr, "ints", owner)
         listed = isinstance(value, (list, tuple))
     # dtype.kind: signed integer 'i'; np.issubdtype is ~2 us a call
     if arr.dtype.kind != "i" and arr.size:
@@ -420,7 +424,12 @@ def _host_bools(name: str, value: BoolLike, owner: str = _OWNER) -> npt.NDArray[
                 f"{owner}: {name} must be 1-D (one entry per row), got shape {tuple(value.shape)}"
             )
         return value.detach().numpy().copy()
-    arr = _host_array(name, value, "bools", owner)
+    try:
+        arr = value if isinstance(value, np.ndarray) else np.asarray(value)
+    except (ValueError, TypeError):  # ragged: numpy refuses to build it
+        raise _not_one_row_each(name, value, None, "bools", owner) from None
+    if arr.ndim != 1:
+        raise _not_one_row_each(name, value, arr, "bools", owner)
     if arr.size and arr.dtype != np.bool_:
         raise ValueError(f"{owner}: {name} must be bool, got dtype {arr.dtype}")
     return arr.astype(np.bool_, copy=not isinstance(value, (list, tuple)))
@@ -681,7 +690,7 @@ def _int_rows(values: tuple[IntLike, ...]) -> IntArray | None:
     # signed only: numpy makes Python ints past int64 unsigned (or objects)
     if arr.ndim != 2 or not arr.shape[1] or arr.dtype.kind != "i":
         return None
-    return arr.astype(np.int64, copy=False)
+    return arr if arr.dtype == np.int64 else arr.astype(np.int64)
 
 
 def _try_host(convert: Callable[[str, _V], _A], name: str, value: _V) -> _A | None:
@@ -926,8 +935,11 @@ def _plan(
     first: they start after the ``num_decodes`` decode tokens); the mid-row saves name
     batch rows.
     """
-    conv = _conventions(forward_cls, _OWNER)
-    decodes_first, null = conv.decodes_first, conv.null_slot
+    if forward_cls is ForwardMetadata:
+        decodes_first, null = _ROOT_ORDER
+    else:
+        conv = _conventions(forward_cls, _OWNER)
+        decodes_first, null = conv.decodes_first, conv.null_slot
     ext, pre, slt, tmask, tslots, ext_min = _rows(
         extend_lens, prefix_lens, slots, num_decodes, chunk_size, conv_kernel,
         track_interval, track_mask, track_slots, decodes_first, null,
@@ -1041,9 +1053,11 @@ def _rows(
         ext, pre, slt = ints[0], ints[1], ints[2]
         if tracking:
             tslots = ints[3]
-        lens = ints[:2]
-        ext_min, pre_min = np.minimum.reduce(lens, axis=1).tolist()
-        hi = int(np.maximum.reduce(lens, axis=None))
+        # the least and the largest extend and prefix: one sort of the two rows (cheaper
+        # than a min and a max reduction on the host)
+        ordered = np.sort(ints[:2], axis=1)
+        ext_min, pre_min = ordered[:, 0].tolist()
+        hi = max(ordered[:, -1].tolist())
     else:
         ext = _host_ints("extend_lens", extend_lens)
         pre = _host_ints("prefix_lens", prefix_lens)
