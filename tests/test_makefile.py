@@ -31,9 +31,9 @@ def project(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def _install_as_make_would(project: Path, *args: str) -> None:
+def _install_as_make_would(project: Path, *args: str, target: str = "setup") -> None:
     """Create the stamp the recipe would touch, as if the install had run."""
-    plan = _make(project, "-n", "setup", *args).stdout.splitlines()
+    plan = _make(project, "-n", target, *args).stdout.splitlines()
     stamp = next(line.split()[1] for line in plan if line.startswith("touch "))
     (project / stamp).parent.mkdir(parents=True, exist_ok=True)
     (project / stamp).touch()
@@ -82,10 +82,13 @@ def _pip_lines(plan: str) -> list[str]:
 
 def test_test_runs_the_suite_then_mypy_then_ruff(project: Path) -> None:
     _install_as_make_would(project)
+    _install_as_make_would(project, target="setup-vllm")
     plan = _make(project, "-n", "test").stdout.splitlines()
     assert plan == [
         ".venv/bin/python -m pytest -q",
         ".venv/bin/python -m mypy --strict",
         ".venv/bin/python -m ruff check .",
+        # then the vLLM plugin's tests, in their own venv (docs/vllm.md)
+        ".venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/integrations/vllm",
     ]
     assert (ROOT / ".ci" / "run").read_text().rstrip().endswith("make test")

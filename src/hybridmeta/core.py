@@ -1335,17 +1335,21 @@ def _build(cls: type[_T], *, extension: bool, conventions: Conventions | None) -
     if constructible:
         cls.__attrs_post_init__ = _post_init_placeholder  # type: ignore[attr-defined]
 
-    # Only a root keeps its fields in slots; every class built on it keeps its own fields in
-    # the instance dict, so a specialisation can combine any derived class with any class
-    # extending its source without an instance layout clash.
-    slots = kind is _Kind.ROOT
+    # Roots and derived classes keep their fields in slots; extensions and specialisations
+    # keep their own in the instance dict, so a specialisation can combine a derived class
+    # with a class extending its source without an instance layout clash.
+    slots = kind in (_Kind.ROOT, _Kind.DERIVED)
     try:
         new_cls: type[_T] = attrs.define(
             cls, frozen=True, slots=slots, kw_only=True, eq=False, order=False,
             weakref_slot=False,
         )  # fmt: skip
     except TypeError as err:
-        raise TypeError(f"{cls.__qualname__}: cannot combine its bases ({err})") from err
+        raise TypeError(
+            f"{cls.__qualname__}: cannot combine its bases ({err}); two derived classes that "
+            "both add fields to one source cannot be combined: derive one from the other, "
+            "or declare the fields on an extension of the source"
+        ) from err
     for a in attrs.fields(new_cls):  # type: ignore[arg-type]
         if not a.init:
             raise TypeError(

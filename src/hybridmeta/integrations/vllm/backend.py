@@ -1,0 +1,186 @@
+"""The plugin's Mamba2 attention backend: vLLM's metadata in, hybridmeta's out.
+
+Registered by :func:`hybridmeta.integrations.vllm.plugin.register` through vLLM's
+declared extension point ``register_backend(MambaAttentionBackendEnum.MAMBA2, ...,
+is_mamba=True)``. The builder keeps vLLM's own builder state (its persistent decode
+buffers, chunk size, the prefill-checkpoint builder that keeps the checkpoints in
+lockstep with vLLM's scheduler) and replaces ``build``: it reads what vLLM hands it into
+one :class:`~hybridmeta.integrations.vllm.metadata.VllmMamba2Step` (:func:`step_from_vllm`)
+and translates that through the one translation point,
+:func:`~hybridmeta.integrations.vllm.metadata.mamba2_metadata`.
+
+Importing this module imports vLLM (it runs only inside a vLLM process).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from vllm.v1.attention.backends.mamba2_attn import (  # type: ignore[import-not-found]
+    Mamba2AttentionBackend,
+    Mamba2AttentionMetadataBuilder,
+)
+from vllm.v1.attention.backends.utils import (  # type: ignore[import-not-found]
+    mamba_get_block_table_tensor,
+)
+
+from hybridmeta.integrations.vllm.metadata import (
+    DecodeGraphBuffers,
+    VllmForward,
+    VllmMamba2Step,
+    decode_rows,
+    mamba2_metadata,
+)
+
+__all__ = ["HybridMamba2Backend", "HybridMamba2Builder", "step_from_vllm"]
+
+
+def step_from_vllm(
+    common: Any,
+    *,
+    kv_cache_spec: Any,
+    mamba_cache_mode: str,
+    chunk_size: int,
+    conv_kernel: int,
+    checkpoints: Callable[[list[int]], Any] | None,
+    num_accepted_tokens: torch.Tensor | None = None,
+    num_rows: int | None = None,
+) -> VllmMamba2Step:
+    """Read vLLM's ``CommonAttentionMetadata`` (and its prefill checkpoints) into a step.
+
+    The one reader of vLLM's fields: every field the builder is handed that the Mamba2
+    layers need lands in a declared field of :class:`VllmMamba2Step`.
+
+    Decode rows are the leading rows that resume from their state with one new token
+    (vLLM's batch reorder puts them first); a one-token *first* chunk of a prompt has no
+    state and is a prefill row, as in vLLM's own builder. ``num_rows``: the live rows
+    (default every request row; a FULL-graph batch's padding rows come after them).
+    """
+    n = int(common.num_reqs) if num_rows is None else num_rows
+    qsl_cpu = common.query_start_loc_cpu[: n + 1].numpy()
+    query_lens = np.diff(qsl_cpu).astype(np.int64)
+    seq_lens_cpu = common.seq_lens_cpu_upper_bound
+    if seq_lens_cpu is None:
+        raise ValueError("hybridmeta vLLM builder: seq_lens_cpu_upper_bound is required")
+    computed = seq_lens_cpu[:n].numpy().astype(np.int64) - query_lens
+    num_decodes = decode_rows(query_lens, computed)
+    # vLLM's checkpoint builder (lockstep with its scheduler) covers the prefill rows.
+    checkpoint = (
+        checkpoints(list(range(num_decodes, n))) if checkpoints is not None and num_decodes < n
+        else None
+    )  # fmt: skip
+    state = mamba_get_block_table_tensor(
+        common.block_table_tensor[:n], common.seq_lens[:n], kv_cache_spec, mamba_cache_mode
+    )
+    if state.dim() == 1:
+        state = state.unsqueeze(-1)
+    seq_lens = common.seq_lens[:n]
+    offsets: tuple[int, ...] | None = None
+    ckpt_slots: torch.Tensor | None = None
+    interval = 0
+    if checkpoint is not None:
+        offsets = (0,) * num_decodes + tuple(int(o) for o in checkpoint.offsets)
+        ckpt_slots = torch.cat(
+            (
+                torch.zeros(num_decodes, dtype=checkpoint.state_indices.dtype,
+                            device=checkpoint.state_indices.device),
+                checkpoint.state_indices,
+            )
+        )  # fmt: skip
+        interval = int(kv_cache_spec.block_size)
+    return VllmMamba2Step(
+        query_start_loc=common.query_start_loc[: n + 1],
+        seq_lens=seq_lens,
+        state_indices=state,
+        num_computed_tokens=common.compute_num_computed_tokens()[:n],
+        checkpoint_slots=ckpt_slots,
+        num_accepted_tokens=None if num_accepted_tokens is None else num_accepted_tokens[:n],
+        num_decodes=num_decodes,
+        num_decode_tokens=int(qsl_cpu[num_decodes]),
+        query_lens=query_lens,
+        computed_lens=computed,
+        checkpoint_offsets=offsets,
+        chunk_size=chunk_size,
+        conv_kernel=conv_kernel,
+        checkpoint_interval=interval,
+    )
+
+
+class HybridMamba2Builder(Mamba2AttentionMetadataBuilder):  # type: ignore[misc]
+    """vLLM's Mamba2 builder with hybridmeta's ``build``.
+
+    ``supports_update_block_table`` is off: vLLM then builds each KV-cache group's
+    metadata through :meth:`build` (one path), instead of patching a copy of another
+    group's metadata in place.
+    """
+
+    supports_update_block_table = False
+
+    def __init__(self, kv_cache_spec: Any, layer_names: list[str], vllm_config: Any,
+                 device: torch.device) -> None:  # fmt: skip
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        if self.num_spec_tokens:
+            raise NotImplementedError(
+                "hybridmeta vLLM plugin: speculative decoding is not served yet "
+                "(docs/vllm.md, 'Not supported yet')"
+            )
+        if self.use_replayssm:
+            raise NotImplementedError("hybridmeta vLLM plugin: ReplaySSM is not supported")
+        conv_shape = kv_cache_spec.shapes[0]
+        self.conv_kernel = int(min(conv_shape)) + 1
+        # vLLM's FULL-graph decode path: persistent buffers from StaticBuffers.
+        self.graphs: DecodeGraphBuffers | None = None
+        if self.compilation_config.cudagraph_mode.has_full_cudagraphs():
+            blocks = vllm_config.cache_config.num_gpu_blocks
+            self.graphs = DecodeGraphBuffers(
+                max_bs=self.decode_cudagraph_max_bs,
+                num_slots=int(blocks) if blocks else 2**31 - 1,
+                device=device,
+            )
+
+    def build(
+        self,
+        common_prefix_len: int,
+        common_attn_metadata: Any,
+        fast_build: bool = False,
+        **kwargs: Any,
+    ) -> VllmForward:
+        n = int(common_attn_metadata.num_reqs)
+        lens = np.diff(common_attn_metadata.query_start_loc_cpu[: n + 1].numpy())
+        live = n - int(np.argmax(lens[::-1] != 0)) if lens.any() else 0  # padding rows last
+        step = self.build_step(common_attn_metadata, num_rows=live, **kwargs)
+        if self.graphs is not None and step.num_prefills == 0 and n <= self.graphs.buffers.max_bs:
+            md = self.graphs.refresh(step, n)  # views of exactly the bucket's n rows
+        else:
+            md = mamba2_metadata(step)
+        return VllmForward(md=md, step=step)
+
+    def build_step(
+        self, common_attn_metadata: Any, num_rows: int | None = None, **kwargs: Any
+    ) -> VllmMamba2Step:
+        """The declared step of one forward (no hybridmeta plan yet)."""
+        return step_from_vllm(
+            common_attn_metadata,
+            kv_cache_spec=self.kv_cache_spec,
+            mamba_cache_mode=self.vllm_config.cache_config.mamba_cache_mode,
+            chunk_size=self.chunk_size,
+            conv_kernel=self.conv_kernel,
+            checkpoints=lambda rows: self.checkpoint_builder.build(common_attn_metadata, rows),
+            num_accepted_tokens=kwargs.get("num_accepted_tokens"),
+            num_rows=num_rows,
+        )
+
+
+class HybridMamba2Backend(Mamba2AttentionBackend):  # type: ignore[misc]
+    """The Mamba2 backend whose builder is :class:`HybridMamba2Builder`."""
+
+    @staticmethod
+    def get_name() -> str:
+        return "HYBRIDMETA_MAMBA2"
+
+    @staticmethod
+    def get_builder_cls() -> type[HybridMamba2Builder]:
+        return HybridMamba2Builder
