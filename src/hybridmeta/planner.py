@@ -462,18 +462,11 @@ def _check_config(
         )
 
 
-def _fits(hi: int, n: int, chunk_size: int, conv_kernel: int, track_interval: int | None) -> bool:
-    """Whether every index the plan computes surely fits int64, ``hi`` bounding every
-    ``extend_lens`` and ``prefix_lens`` entry (Python ints: a few operations). The
-    largest are a row's end position (``prefix + extend``), the token offsets (up to the
-    batch's tokens ``T <= n * hi``), the chunk grid (``< T + 2 * chunk_size``) and the
-    flat conv windows (``< (T + n + K) * K``). ``False``: :func:`_check_positions` decides.
-    """
-    return (
-        2 * hi <= _I64_MAX
-        and (n * hi + n + 2 * chunk_size + conv_kernel) * (conv_kernel + 1) <= _I64_MAX
-        and (track_interval is None or track_interval <= _I64_MAX)
-    )
+# A bound under which no index of a plan can overflow int64: values and sizes below 2**31,
+# fewer than 2**20 rows and a conv width below 2**10 keep every index the plan computes
+# (a row's end position, the token offsets, the chunk grid below T + 2 * chunk_size, the
+# flat conv windows below (T + n + K) * K) under 2**62. Past it, _check_positions decides.
+_FAST_VALUE, _FAST_ROWS, _FAST_KERNEL = 1 << 31, 1 << 20, 1 << 10
 
 
 def _check_positions(
@@ -485,7 +478,8 @@ def _check_positions(
     track_interval: int | None,
     decodes_first: bool = False,
 ) -> None:
-    """The exact int64 rules behind :func:`_fits` (Python ints), each naming the rule."""
+    """The exact int64 rules (Python ints), each naming the rule: run when the cheap
+    bound (``_FAST_VALUE``) fails."""
     ends = [p + e for p, e in zip(pre.tolist(), ext.tolist(), strict=True)]
     for r, end in enumerate(ends):
         if end > _I64_MAX:
@@ -640,6 +634,7 @@ def _has_duplicate(values: IntArray) -> bool:
 
 def _rows_ok(
     ext_min: int,
+    ext_max: int,
     pre_min: int,
     ext: IntArray,
     pre: IntArray,
@@ -652,15 +647,18 @@ def _rows_ok(
 ) -> bool:
     """Whether every rule of :func:`_check_rows` and :func:`_check_track` holds: one
     reduction per rule and one sort of the working and tracked slots together (distinct
-    and >= 0 covers both checks' slot rules; ``ext_min``, ``pre_min``: the least of
-    ``ext`` and ``pre``, any value when one is empty).
+    and >= 0 covers both checks' slot rules; ``ext_min``, ``ext_max``, ``pre_min``: the
+    least and largest of ``ext`` and the least of ``pre``, any value when one is empty).
     ``False`` sends the caller to those checks, which name the rule broken."""
     n = ext.shape[0]
     if not (n and pre.shape[0] == n and slots.shape[0] == n and 0 <= num_decodes <= n):
         return False
     if ext_min < 1 or pre_min < 0:
         return False
-    if num_decodes:
+    if num_decodes == n:  # every row a decode row (a decode step): the extremes decide
+        if ext_max != 1 or pre_min < 1:
+            return False
+    elif num_decodes:
         dec = slice(0, num_decodes) if decodes_first else slice(n - num_decodes, n)
         if ext[dec].max() != 1 or pre[dec].min() < 1:
             return False
@@ -1057,29 +1055,41 @@ def _rows(
         # than a min and a max reduction on the host)
         ordered = np.sort(ints[:2], axis=1)
         ext_min, pre_min = ordered[:, 0].tolist()
-        hi = max(ordered[:, -1].tolist())
+        ext_max, pre_max = ordered[:, -1].tolist()
     else:
         ext = _host_ints("extend_lens", extend_lens)
         pre = _host_ints("prefix_lens", prefix_lens)
         slt = _host_ints("slots", slots)
         ext_min = int(ext.min()) if ext.shape[0] else 0
         pre_min = int(pre.min()) if pre.shape[0] else 0
-        hi = max(int(ext.max()) if ext.shape[0] else 0, int(pre.max()) if pre.shape[0] else 0)
+        ext_max = int(ext.max()) if ext.shape[0] else 0
+        pre_max = int(pre.max()) if pre.shape[0] else 0
     tmask: npt.NDArray[np.bool_] | None = None
-    ok = _fits(hi, ext.shape[0], chunk_size, conv_kernel, track_interval)
+    # Every index the plan computes surely fits int64 (comparisons only; the exact rules
+    # of _check_positions decide when this bound fails).
+    ok = (
+        ext_max < _FAST_VALUE
+        and pre_max < _FAST_VALUE
+        and ext.shape[0] < _FAST_ROWS
+        and chunk_size < _FAST_VALUE
+        and conv_kernel < _FAST_KERNEL
+        and (track_interval is None or track_interval < _FAST_VALUE)
+    )
     if track_mask is None:
         ok = ok and track_slots is None
         ok = ok and _rows_ok(
-            ext_min, pre_min, ext, pre, slt, num_decodes, None, None, decodes_first, null
-        )
+            ext_min, ext_max, pre_min, ext, pre, slt, num_decodes, None, None, decodes_first,
+            null,
+        )  # fmt: skip
     elif tracking:
         tmask = _try_host(_host_bools, "track_mask", track_mask)
         if tslots is None:
             tslots = _try_host(_host_ints, "track_slots", track_slots)  # type: ignore[arg-type]
         ok = ok and tmask is not None and tslots is not None
         ok = ok and _rows_ok(
-            ext_min, pre_min, ext, pre, slt, num_decodes, tmask, tslots, decodes_first, null
-        )
+            ext_min, ext_max, pre_min, ext, pre, slt, num_decodes, tmask, tslots, decodes_first,
+            null,
+        )  # fmt: skip
     else:
         ok = False
     if not ok:
