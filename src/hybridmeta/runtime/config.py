@@ -112,7 +112,7 @@ def _decode_float_tags(obj: dict[str, Any]) -> Any:
     return obj
 
 
-def _check_time_step_limit(limit: object) -> None:
+def _check_time_step_limit(limit: object, key: str = "'time_step_limit'") -> None:
     """``time_step_limit`` is ``[min, inf]``: dt has no upper clamp (as in ``transformers``)."""
     if limit is None:
         return
@@ -121,15 +121,15 @@ def _check_time_step_limit(limit: object) -> None:
     )
     if len(values) != 2 or values[0] is None or values[1] is None:
         raise ConfigError(
-            f"config.json: 'time_step_limit' must be [min, inf] (two numbers), got {limit!r}"
+            f"config.json: {key} must be [min, inf] (two numbers), got {limit!r}"
         )
     if not math.isfinite(values[0]) or values[0] < 0:
         raise ConfigError(
-            f"config.json: 'time_step_limit' must be [min, inf] with a finite min >= 0, got {limit!r}"
+            f"config.json: {key} must be [min, inf] with a finite min >= 0, got {limit!r}"
         )
     if values[1] != math.inf:
         raise ConfigError(
-            f"config.json: 'time_step_limit' must be [min, inf] (an upper limit is unsupported), "
+            f"config.json: {key} must be [min, inf] (an upper limit is unsupported), "
             f"got {limit!r}"
         )
 
@@ -194,6 +194,7 @@ class NemotronHConfig:
             runtime does not support (MoE layers, non-``relu2`` MLPs, ...).
         """
         cfg: dict[str, Any] = dict(raw)
+        legacy: dict[str, str] = {}  # current name -> the legacy name the value came from
         for old, new in _LEGACY_KEYS.items():
             if cfg.get(old) is None:
                 continue
@@ -204,6 +205,11 @@ class NemotronHConfig:
                     f"{old!r}); keep one of them"
                 )
             cfg[new] = cfg[old]
+            legacy[new] = old
+
+        def name(key: str) -> str:
+            """The key as the file spells it (a legacy name where the value came from one)."""
+            return f"{legacy[key]!r} (read as {key!r})" if key in legacy else repr(key)
 
         model_type = cfg.get("model_type")
         if model_type is not None and model_type != "nemotron_h":
@@ -211,15 +217,15 @@ class NemotronHConfig:
         pattern = _read_pattern(cfg)
 
         def need_int(key: str, default: int | None = None, minimum: int = 1) -> int:
+            if key not in cfg and default is None:
+                raise ConfigError(f"config.json: required key {key!r} is missing")
             value = cfg.get(key, default)
-            if value is None:
-                raise ConfigError(f"config.json: required key {key!r} is missing or null")
             rule = "a positive int" if minimum == 1 else f"an int >= {minimum}"
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise ConfigError(f"config.json: {key!r} must be {rule}, got {value!r}")
+                raise ConfigError(f"config.json: {name(key)} must be {rule}, got {value!r}")
             if value > MAX_SIZE:
                 raise ConfigError(
-                    f"config.json: {key!r} must be {rule} <= 2**31 - 1, got {value!r}"
+                    f"config.json: {name(key)} must be {rule} <= 2**31 - 1, got {value!r}"
                 )
             return value
 
@@ -229,14 +235,14 @@ class NemotronHConfig:
             if value is None or not math.isfinite(value) or value < 0 or (positive and value == 0):
                 rule = "> 0" if positive else ">= 0"
                 raise ConfigError(
-                    f"config.json: {key!r} must be a finite number {rule}, got {raw_value!r}"
+                    f"config.json: {name(key)} must be a finite number {rule}, got {raw_value!r}"
                 )
             return value
 
         def need_bool(key: str, default: bool) -> bool:
             value = cfg.get(key, default)
             if not isinstance(value, bool):
-                raise ConfigError(f"config.json: {key!r} must be a bool, got {value!r}")
+                raise ConfigError(f"config.json: {name(key)} must be a bool, got {value!r}")
             return value
 
         for key, want in (("mlp_hidden_act", "relu2"), ("mamba_hidden_act", "silu")):
@@ -273,7 +279,7 @@ class NemotronHConfig:
             return f"{value} (absent: transformers' default)" if key in absent else str(value)
 
         t_min = need_float("time_step_min", 0.001, positive=False)
-        _check_time_step_limit(cfg.get("time_step_limit"))
+        _check_time_step_limit(cfg.get("time_step_limit"), name("time_step_limit"))
 
         config = cls(
             vocab_size=need_int("vocab_size"),

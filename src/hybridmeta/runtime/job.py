@@ -244,14 +244,21 @@ def _first_wave(vocab: int, interval: int, n: int, gen: torch.Generator) -> list
 def _continuations(
     first: Sequence[Finished], vocab: int, interval: int, gen: torch.Generator
 ) -> list[WorkItem]:
-    """Prompts resuming from a prefill-made boundary (``interval``) or a decode-made one (``2*interval``)."""
+    """Prompts resuming from a prefill-made boundary (``interval``) or a decode-made one (``2*interval``).
+
+    Each cuts a first-wave sequence one token past the boundary and appends
+    ``min(3, interval - 1)`` new tokens: the prompt then ends before the next boundary, so
+    the planned one is the longest cached prefix whatever the tokens are (a tiny vocabulary
+    repeats them; with ``interval`` 2 a longer tail reached the next boundary).
+    """
     out: list[WorkItem] = []
     n_new = max(interval // 2, 2)
+    n_tail = min(3, interval - 1)
     for f in first[: max(2, len(first) // 2)]:
-        tail = tuple(int(t) for t in torch.randint(0, vocab, (3,), generator=gen))
+        tail = tuple(int(t) for t in torch.randint(0, vocab, (n_tail,), generator=gen))
         out.append(
             WorkItem(
-                prompt=f.tokens[: interval + 2] + tail,
+                prompt=f.tokens[: interval + 1] + tail,
                 max_new_tokens=n_new,
                 kind="prefill-made",
                 expect_hit=interval,
@@ -259,7 +266,7 @@ def _continuations(
         )
         out.append(
             WorkItem(
-                prompt=f.tokens[: 2 * interval + 2] + tail,
+                prompt=f.tokens[: 2 * interval + 1] + tail,
                 max_new_tokens=n_new,
                 kind="decode-made",
                 expect_hit=2 * interval,
@@ -271,11 +278,16 @@ def _continuations(
 def _longest(interval: int) -> int:
     """The longest sequence of the workload, prompt plus outputs.
 
-    First wave: under ``3 * interval``; continuations: ``2 * interval + 5`` tokens of
-    prompt and ``max(interval // 2, 2)`` outputs; spec rows (:func:`_spec_checks`):
+    First wave: under ``3 * interval``; continuations: up to ``2 * interval + 4`` tokens
+    of prompt and ``max(interval // 2, 2)`` outputs; spec rows (:func:`_spec_checks`):
     prompts up to ``interval + 7`` tokens that decode ``interval + 2``.
     """
-    return max(3 * interval, 2 * interval + 5 + max(interval // 2, 2), 2 * interval + 9)
+    return max(3 * interval, 2 * interval + 4 + max(interval // 2, 2), 2 * interval + 9)
+
+
+def _spec_tokens(interval: int) -> int:
+    """Draft tokens of the spec rows' runtime: up to 4, below the interval (the rule)."""
+    return min(4, interval - 1)
 
 
 def _options(args: argparse.Namespace, interval: int) -> RuntimeOptions:
@@ -308,7 +320,10 @@ def _memory_needed(
     """
     es = torch.empty((), dtype=dtype).element_size()
     with torch.device("meta"):
-        weights = sum(p.numel() for p in NemotronH(cfg).parameters()) * es
+        meta = NemotronH(cfg)
+    weights = sum(p.numel() for p in meta.parameters()) * es
+    if cfg.tie_word_embeddings:  # the loader makes the head the embedding matrix
+        weights -= meta.lm_head.weight.numel() * es
     # as StatePool.allocate sizes them
     slots = options.num_working + options.num_track
     lm, la = max(len(cfg.mamba_layers), 1), max(len(cfg.attention_layers), 1)
@@ -316,13 +331,18 @@ def _memory_needed(
         cfg.conv_dim * (cfg.conv_kernel - 1) * es
         + cfg.mamba_num_heads * cfg.mamba_head_dim * cfg.ssm_state_size * 4
     )
-    kv_row = 2 * la * cfg.num_key_value_heads * cfg.head_dim * es * options.max_len
-    pool = lm * slots * state_row + (slots + 1) * kv_row
-    verify = min(4, options.track_interval - 1) + 1  # the spec run's draft columns
+    kv_position = 2 * la * cfg.num_key_value_heads * cfg.head_dim * es
+
+    def pool(max_len: int) -> int:
+        return lm * slots * state_row + (slots + 1) * max_len * kv_position
+
+    spec = _spec_tokens(options.track_interval)
     need = {
         "weights": weights,
-        f"{_LIVE_RUNTIMES} state pools": _LIVE_RUNTIMES * pool
-        + lm * options.num_working * verify * state_row,
+        # three plain runtimes' pools, and the spec run's: draft positions, verify states
+        f"{_LIVE_RUNTIMES} state pools": (_LIVE_RUNTIMES - 1) * pool(options.max_len)
+        + pool(options.max_len + spec)
+        + lm * options.num_working * (spec + 1) * state_row,
     }
     prompt = 2 * options.track_interval
     if cfg.attention_layers:
@@ -804,7 +824,7 @@ def _spec_checks(
     context (the tokens before it) both runs share: all of them while the greedy tokens
     agree, up to the first divergence otherwise."""
     interval = options.track_interval
-    spec = min(4, interval - 1)
+    spec = _spec_tokens(interval)
     gen = torch.Generator().manual_seed(seed + 1)
     vocab = model.config.vocab_size
     items: list[WorkItem] = []
