@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from hybridmeta.runtime.job import main_job
+from tests.runtime.test_loader import UnblockFifos
 
 
 def _snapshot(root: Path) -> dict[str, tuple[int, int]]:
@@ -318,7 +319,8 @@ def test_unusable_checkpoints_are_refused_naming_the_file(
     d = tmp_path / "ckpt"
     shutil.copytree(tiny_dir, d)
     bad_file = corrupt(d)
-    line = _refused(["--device", "cpu", "--quiet", "--model", str(d)], tmp_root, watched=d)
+    with UnblockFifos(d):  # a job that opens a FIFO fails instead of hanging
+        line = _refused(["--device", "cpu", "--quiet", "--model", str(d)], tmp_root, watched=d)
     assert line.startswith(f"hybridmeta: error: {bad_file}: "), line
     for part in expected:
         assert part in line, line

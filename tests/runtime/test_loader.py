@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import shutil
-import stat
-import threading
+import subprocess
+import sys
 import weakref
 from pathlib import Path
 from typing import Any
@@ -318,32 +317,38 @@ def test_weights_stream_one_tensor_at_a_time(
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
 
 
-class _Unblock:
-    """Opens every FIFO under a directory for writing after ``after`` seconds (then closes
-    it), so a loader that wrongly opens one fails the test instead of hanging it."""
+_UNBLOCK = """
+import os, stat, sys, time
+from pathlib import Path
+time.sleep(float(sys.argv[2]))
+for p in Path(sys.argv[1]).rglob("*"):
+    if stat.S_ISFIFO(os.lstat(p).st_mode):
+        try:
+            fd = os.open(p, os.O_WRONLY | os.O_NONBLOCK)  # ENXIO: nobody is reading it
+        except OSError:
+            continue
+        os.write(fd, b"garbage")
+        os.close(fd)
+"""
+
+
+class UnblockFifos:
+    """After ``after`` seconds, a separate process opens every FIFO under a directory for
+    writing (then closes it), so a loader that wrongly opens one fails the test instead of
+    hanging it. A process, not a thread: a reader blocked in ``open`` may hold the GIL."""
 
     def __init__(self, root: Path, after: float = 20.0) -> None:
-        self._root = root
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(after,), daemon=True)
+        self._argv = [sys.executable, "-c", _UNBLOCK, str(root), str(after)]
+        self._proc: subprocess.Popen[bytes] | None = None
 
-    def _run(self, after: float) -> None:
-        if self._stop.wait(after):
-            return
-        for p in self._root.rglob("*"):
-            if stat.S_ISFIFO(os.lstat(p).st_mode):
-                with contextlib.suppress(OSError):
-                    fd = os.open(p, os.O_WRONLY | os.O_NONBLOCK)
-                    os.write(fd, b"garbage")
-                    os.close(fd)
-
-    def __enter__(self) -> _Unblock:
-        self._thread.start()
+    def __enter__(self) -> UnblockFifos:
+        self._proc = subprocess.Popen(self._argv)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
+        assert self._proc is not None
+        self._proc.kill()
+        self._proc.wait()
 
 
 def _fifo(path: Path) -> Path:
@@ -376,7 +381,7 @@ def test_a_fifo_is_refused_before_it_is_opened(
         (d / "model.safetensors").rename(d / "b.safetensors")
     fifo = _fifo(d / name)
     error = ConfigError if name == "config.json" else CheckpointError
-    with _Unblock(d), pytest.raises(error) as info:
+    with UnblockFifos(d), pytest.raises(error) as info:
         load_nemotron_h(d)
     assert str(info.value) == f"{fifo}: is a FIFO, not a regular file; only regular files are read"
 

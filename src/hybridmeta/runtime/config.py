@@ -2,7 +2,11 @@
 
 Only what the reference runtime supports is accepted: Mamba2 mixer (``M``), attention
 (``*``) and MLP (``-``) layers. Anything else (MoE ``E`` layers, other activations,
-biases the reference implementation ignores) is refused with a message naming the key.
+biases the reference implementation ignores) is refused with a message naming the key, as
+is every key of the wrong type (bools for flags, ints for counts). Keys are read as
+``transformers`` (5.19 to 5.24) reads them: its precedence among the layer lists, its
+legacy names, its defaults of the attention sizes; where two spellings of one setting
+disagree (readers resolve them differently) the file is refused, naming both.
 """
 
 from __future__ import annotations
