@@ -38,6 +38,9 @@ def _row(text: str, name: str) -> str:
     [
         # track interval 2 (the smallest): spec rows with 1 draft token
         pytest.param({"chunk_size": 1}, False, id="chunk-1"),
+        # a vocabulary of one token: every prompt is a prefix of every other, so only the
+        # continuations' lengths keep the planned boundary the longest cached prefix
+        pytest.param({"chunk_size": 1, "vocab_size": 1}, False, id="chunk-1-vocab-1"),
         # track interval 6, not a power of two
         pytest.param({"chunk_size": 3}, False, id="chunk-3"),
         # no attention layer: transformers' comparison runs without its cache
