@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import Any
 
 import attrs
 import pytest
@@ -52,7 +53,7 @@ def _row(text: str, name: str) -> str:
     ],
 )
 def test_the_job_runs_every_check_on_the_model(
-    tmp_path: Path, changes: dict[str, object], transformers_row: bool
+    tmp_path: Path, changes: dict[str, Any], transformers_row: bool
 ) -> None:
     if transformers_row:
         pytest.importorskip("transformers")
