@@ -15,9 +15,9 @@ import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
-# Importing hybridmeta selects the Triton interpreter when CUDA is absent; it must happen
+# Importing hybridmeta.kernels selects the Triton interpreter when CUDA is absent; it must happen
 # before any test module imports triton (imports sort third-party first).
-import hybridmeta  # noqa: F401
+import hybridmeta.kernels  # noqa: F401
 
 _SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large]
 settings.register_profile(

@@ -1,3 +1,4 @@
+# ruff: noqa: E402
 """The op tree: every Mamba2 kernel of hybridmeta, decode and prefill, one module per op.
 
 Each module holds its Triton implementation (where there is one), its ``torch.library``
@@ -17,11 +18,15 @@ verify: :mod:`~hybridmeta.kernels.ssm_verify`, :mod:`~hybridmeta.kernels.conv_ve
 :mod:`~hybridmeta.kernels.activations`; one-row projections: :mod:`~hybridmeta.kernels.linear`. The shared math is :mod:`~hybridmeta.kernels._math`.
 
 On a machine without CUDA the Triton kernels run under the Triton interpreter: importing
-``hybridmeta`` sets ``TRITON_INTERPRET=1`` (unless already set) before any kernel is
-decorated.
+this package (or any name from ``hybridmeta``) sets ``TRITON_INTERPRET=1`` (unless already
+set) before any kernel is decorated.
 """
 
 from __future__ import annotations
+
+from hybridmeta._interpret import select_triton_mode
+
+select_triton_mode()  # before any kernel module imports triton (the imports below: E402 on purpose)
 
 from hybridmeta.kernels._dispatch import Impl, implementation
 from hybridmeta.kernels._math import SSMParams, split_xbc
