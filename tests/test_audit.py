@@ -11,10 +11,13 @@ from pathlib import Path
 
 import pytest
 
+import hybridmeta.audit
 from hybridmeta.audit import AuditError, audit_paths, main
 from hybridmeta.cli import main as cli_main
 
 ROOT = Path(__file__).resolve().parents[1]
+#: The hybridmeta under test (a subprocess must import the same one).
+SRC = Path(hybridmeta.audit.__file__).resolve().parents[1]
 
 BASE = '''
 from dataclasses import dataclass, field
@@ -325,13 +328,22 @@ class Pair:
     qsl: object
     slots: object
 ''')
-    result = audit_paths([p])
+    # Another file's COPIED (a different list of the same name) is its own.
+    other = _write(tmp_path, "other.py", '''
+from m import Fwd, Md
+
+COPIED = ["qsl", "slots", "track", "flag"]
+
+def complete(fwd: Fwd) -> Md:
+    return Md(**{k: getattr(fwd, k) for k in COPIED})
+''')
+    result = audit_paths([p, other])
     assert sorted((f.function, f.field) for f in result.findings) == [
         ("Builder.by_a_smaller_class", "flag"), ("Builder.by_a_smaller_class", "track"),
         ("Builder.by_class_list", "flag"), ("Builder.by_kwargs", "flag"),
         ("Builder.by_module_list", "flag"),
     ]  # fmt: skip
-    assert result.calls_checked == 6 and result.calls_skipped == 0
+    assert result.calls_checked == 7 and result.calls_skipped == 0
 
 
 def test_every_skipped_call_gets_a_note(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -384,9 +396,10 @@ def not_a_class(fwd: Fwd) -> None:
 def test_classes_defined_elsewhere_get_a_hint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     p = _write(tmp_path, "backend.py", '''
 from engine.metadata import ForwardMetadata, Mamba2Metadata
+from engine.plans import Plan
 
 def prepare(fwd: ForwardMetadata) -> Mamba2Metadata:
-    return Mamba2Metadata(qsl=fwd.qsl, slots=fwd.slots, track=fwd.track)
+    return Mamba2Metadata(qsl=fwd.qsl, slots=fwd.slots, track=fwd.track, plan=Plan(rows=3))
 ''')
     assert main([p]) == 0
     out = capsys.readouterr().out
@@ -394,7 +407,7 @@ def prepare(fwd: ForwardMetadata) -> Mamba2Metadata:
     assert "hint: no dataclass, attrs, NamedTuple or @hybridmeta.metadata class is defined in " \
         "the given files" in out
     assert "pass the files that define the metadata classes" in out
-    assert "(used here: Mamba2Metadata (engine/metadata.py))" in out
+    assert "(used here: Mamba2Metadata (engine/metadata.py), Plan (engine/plans.py))" in out
 
 
 def test_the_audit_command_does_not_import_torch(tmp_path: Path) -> None:
@@ -406,7 +419,7 @@ def test_the_audit_command_does_not_import_torch(tmp_path: Path) -> None:
         "heavy = sorted(m for m in ('torch', 'triton', 'numpy', 'hypothesis') if m in sys.modules)\n"
         "print('rc', rc, 'heavy', heavy)\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                           timeout=120, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -420,7 +433,7 @@ def test_the_package_loads_its_names_on_first_use() -> None:
         "md = hybridmeta.Mamba2Metadata\n"
         "print(before, 'torch' in sys.modules, md.__module__, 'plan_mixed_batch' in dir(hybridmeta))\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                           timeout=300, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr

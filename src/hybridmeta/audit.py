@@ -627,6 +627,7 @@ class _Auditor:
         self.skipped = 0
         self.notes: list[str] = []
         self.outside: dict[str, str] = {}  # class name -> where to find it, for the hint
+        self.constructed: dict[str, str] = {}  # imported classes called here -> their file
         self._method_memo: dict[tuple[int, str], set[str]] = {}
         self._all_consts: dict[str, list[ast.expr]] = {}
         self._functions: set[str] = set()
@@ -888,6 +889,17 @@ class _Auditor:
         self.outside.setdefault(cls_name, where)
         return f"not defined in the given files (imported from {module}: pass {where})"
 
+    def _note_constructed(self, func: ast.expr, scope: _Scope) -> None:
+        """Remember a class imported from outside the given files that is called here (for
+        the hint when no class is defined in them)."""
+        last = (_dotted(func) or "").split(".")[-1]
+        module = scope.file.imports.get(last) if scope.file is not None else None
+        if not last[:1].isupper() or module is None:
+            return
+        if module.lstrip(".").split(".")[0] in sys.stdlib_module_names and not module.startswith("."):
+            return
+        self.constructed.setdefault(last, _module_file(module, scope.path))
+
     def _unresolved_callee(self, func: ast.expr, scope: _Scope) -> str | None:
         """What a call that copies fields builds when it is not a known class: a class
         outside the given files, a class chosen at run time, or ``None`` for what looks
@@ -954,6 +966,7 @@ class _Auditor:
         copy_shape = src_name is not None and len(copies[src_name]) >= 2
         callee = ast.unparse(call.func)
         if derived is None:
+            self._note_constructed(call.func, scope)
             if copy_shape:
                 assert src_name is not None
                 what = self._unresolved_callee(call.func, scope)
@@ -1144,7 +1157,8 @@ def audit_paths(paths: Sequence[str]) -> AuditResult:
             f"checked): {', '.join(incomplete)}{hint}"
         )
     if not classes.all:
-        outside = ", ".join(f"{k} ({v})" for k, v in sorted(auditor.outside.items()))
+        used = {**auditor.constructed, **auditor.outside}
+        outside = ", ".join(f"{k} ({v})" for k, v in sorted(used.items()))
         notes.append(
             "hint: no dataclass, attrs, NamedTuple or @hybridmeta.metadata class is defined "
             "in the given files, so no constructor call can be checked: pass the files that "

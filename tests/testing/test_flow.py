@@ -176,7 +176,11 @@ def test_the_sglang_shaped_class_reports_each_dropped_field_once() -> None:
     assert text.count("falsifying source") == 1 and text.count("ForwardMetadata(") == 1
     for name in SG.DROPPED:
         assert text.count(f"ForwardMetadata.{name} does not reach") == 1, name
-    assert "conv_block_table=tensor(" in example
+    # Shrunk: the smallest sentinels (1, 2, 3, ... in field order) and one-row tensors.
+    assert example.startswith(
+        "ForwardMetadata(query_start_loc=tensor([100]), mamba_cache_indices=tensor([200]), "
+        "conv_block_table=tensor([300]), logical_num_tokens=4,"
+    ), example
     # One search and one shrink, not one search and shrink per field (15 x 100 examples).
     assert calls < 5 * repro.max_examples, calls
     assert check_field_flow(
@@ -187,17 +191,34 @@ def test_the_sglang_shaped_class_reports_each_dropped_field_once() -> None:
 
 
 def test_fields_failing_on_different_sources_share_the_fewest_examples() -> None:
-    # `count` is lost when flag is set, `name` when it is not: no source fails both.
+    # `count` and `extra` are lost when flag is set, `name` when it is not: no source
+    # fails all three, two sources cover them.
     def exclusive(s: Src) -> Dst:
         return Dst(slots=s.slots, count=0 if s.flag else s.count, flag=s.flag,
-                   name=s.name if s.flag else "", extra=s.extra, total=1)  # fmt: skip
+                   name=s.name if s.flag else "", extra=None if s.flag else s.extra,
+                   total=1)  # fmt: skip
 
     report = check_field_flow(Src, exclusive, derived=Dst, settings=_QUICK)
-    assert report.dropped == ("count", "name")
+    assert report.dropped == ("count", "name", "extra")
     assert len(report.examples) == 2
     text = report.format()
-    assert "[source 1]" in text and "[source 2]" in text
+    assert text.count("[source 1]") + text.count("[source 2]") == 3
     assert text.count("falsifying source 1 (") == 1 and text.count("falsifying source 2 (") == 1
+
+
+def test_a_value_dependent_drop_is_shrunk_to_a_small_source() -> None:
+    # flag is lost only when count is odd: the simplest source does not show it, the
+    # search finds a large one, the shrink makes it small.
+    def odd_drop(s: Src) -> Dst:
+        return Dst(slots=s.slots, count=s.count, flag=s.flag and s.count % 2 == 0,
+                   name=s.name, extra=s.extra, total=1)  # fmt: skip
+
+    report = check_field_flow(Src, odd_drop, derived=Dst, settings=_QUICK)
+    assert report.dropped == ("flag",)
+    (example,) = report.examples
+    count = int(example.split("count=")[1].split(",")[0])
+    assert count % 2 == 1 and count < 10, example
+    assert example.startswith("Src(slots=tensor([100]),"), example
 
 
 # --------------------------------------------------------------------------- usage errors
@@ -217,8 +238,18 @@ def test_calling_a_constructor_with_the_wrong_arity_is_a_usage_error() -> None:
     assert "usage error, not a field-flow finding" in msg and "args=" in msg
     assert isinstance(info.value, TypeError)
     _no_hypothesis_report(info.value)
+    # The signature says so before any example is drawn.
+    drawn = 0
+
+    def count(s: Src) -> Src:
+        nonlocal drawn
+        drawn += 1
+        return s
+
     with pytest.raises(FieldFlowUsageError, match="unexpected keyword argument 'seq'"):
-        check_field_flow(Src, copy_all, kwargs={"seq": 1}, settings=_QUICK)
+        check_field_flow(Src, copy_all, kwargs={"seq": 1}, settings=_QUICK,
+                         sources=sentinel_instances(Src).map(count))  # fmt: skip
+    assert drawn == 0
 
 
 def test_a_miscall_inside_a_wrapper_is_a_usage_error_too() -> None:
