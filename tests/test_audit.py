@@ -257,6 +257,11 @@ def prepare(fwd: Fwd) -> Md:
     assert main([str(tmp_path)]) == 1, "the other files are still audited"
     out = capsys.readouterr().out
     assert f"note: {bad}:" in out and "1 file(s) skipped" in out
+    assert main(["--json", str(tmp_path)]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert data["skipped_files"] == [bad] and data["files"] == [good]
+    assert main([bad]) == 2, "nothing left to audit"
+    assert "no file could be audited" in capsys.readouterr().err
 
 
 def test_construct_then_assign_is_not_a_dropped_field(tmp_path: Path) -> None:
