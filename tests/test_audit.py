@@ -447,3 +447,48 @@ def test_the_package_loads_its_names_on_first_use() -> None:
 
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         _ = hybridmeta.nope  # type: ignore[attr-defined]
+
+
+def test_imports_decide_which_class_of_a_name_is_meant(tmp_path: Path) -> None:
+    # Two engines' ForwardMetadata in the given files, and one from a package not given.
+    (tmp_path / "eng").mkdir()
+    (tmp_path / "eng" / "__init__.py").write_text("")
+    _write(tmp_path, "eng/meta.py", BASE)
+    _write(tmp_path, "other.py", '''
+from dataclasses import dataclass
+
+@dataclass(kw_only=True)
+class Fwd:
+    qsl: object
+    slots: object
+    spare: object = None
+''')
+    user = _write(tmp_path, "eng/backend.py", '''
+from dataclasses import dataclass
+from .meta import Fwd
+
+@dataclass(kw_only=True)
+class Md(Fwd):
+    n: int = 0
+
+def prepare(fwd: Fwd) -> Md:
+    return Md(qsl=fwd.qsl, slots=fwd.slots, track=fwd.track)
+''')
+    elsewhere = _write(tmp_path, "third.py", '''
+from pkg.missing import Fwd
+from other import Fwd as Spare
+
+def copy(f: Spare) -> Fwd:
+    return Fwd(qsl=f.qsl, slots=f.slots)
+
+def renamed(f: Spare) -> Spare:
+    return Spare(qsl=f.qsl, slots=f.slots)
+''')
+    result = audit_paths([str(tmp_path)])
+    # eng/meta.py's Fwd (track, flag, hidden), not other.py's (spare); Spare is other.Fwd.
+    assert sorted((f.path, f.function, f.field) for f in result.findings) == [
+        (user, "prepare", "flag"), (elsewhere, "renamed", "spare"),
+    ]  # fmt: skip
+    (note,) = [n for n in result.notes if n.startswith(elsewhere)]
+    assert "class 'Fwd', which is not defined in the given files (imported from pkg.missing: " \
+        "pass pkg/missing.py)" in note

@@ -317,11 +317,50 @@ class _Classes:
                 self.by_name.setdefault(info.name, []).append(info)
                 self.all.append(info)
 
-    def lookup(self, name: str, path: str) -> ClassInfo | None:
-        cands = self.by_name.get(name.split(".")[-1], [])
+    #: path -> {name imported there: ("module", name in the module)}, set by audit_paths
+    #: (imports disambiguate classes of the same name in different files).
+    imports: dict[str, dict[str, tuple[str, str]]]
+
+    def lookup(
+        self, name: str, path: str, _seen: tuple[tuple[str, str], ...] = ()
+    ) -> ClassInfo | None:
+        """The class ``name`` means in file ``path``: defined there; else the one its import
+        names (through re-exports of the given files), ``None`` when that module is not
+        among them; else the only candidate of that name."""
+        short = name.split(".")[-1]
+        cands = self.by_name.get(short, [])
         same = [c for c in cands if c.path == path]
-        pick = same or cands
-        return pick[0] if pick else None
+        if same:
+            return same[0]
+        imported = getattr(self, "imports", {}).get(path, {}).get(short)
+        if imported is not None and "." not in name:
+            module, original = imported
+            target = self.module_path(module, path)
+            if target is None or (target, original) in _seen or target == path:
+                return None  # defined outside the given files
+            return self.lookup(original, target, (*_seen, (target, original)))
+        return cands[0] if cands else None
+
+    def module_path(self, module: str, path: str) -> str | None:
+        """The given file that is ``module`` as imported from ``path``, if any."""
+        level = len(module) - len(module.lstrip("."))
+        parts = [p for p in module.lstrip(".").split(".") if p]
+        given = {str(Path(p).resolve()): p for p in getattr(self, "imports", {})}
+        if level:
+            base = Path(path).resolve().parent
+            for _ in range(level - 1):
+                base = base.parent
+            for cand in (base.joinpath(*parts).with_suffix(".py") if parts else None,
+                         base.joinpath(*parts, "__init__.py")):  # fmt: skip
+                if cand is not None and str(cand) in given:
+                    return given[str(cand)]
+            return None
+        tails = [(*parts[:-1], parts[-1] + ".py"), (*parts, "__init__.py")]
+        for resolved, original in given.items():
+            rparts = Path(resolved).parts
+            if any(rparts[-len(t):] == t for t in tails):
+                return original
+        return None
 
     def any_class(self, name: str, path: str) -> ClassInfo | None:
         """A class of that name in the given files, metadata-like or not (for methods and
@@ -372,6 +411,7 @@ class _FileFacts:
     path: str
     consts: dict[str, ast.expr] = field(default_factory=dict)
     imports: dict[str, str] = field(default_factory=dict)  # local name -> "module" (dotted)
+    originals: dict[str, str] = field(default_factory=dict)  # local name -> name in module
     functions: set[str] = field(default_factory=set)
 
 
@@ -382,6 +422,7 @@ def _file_facts(tree: ast.Module, path: str) -> _FileFacts:
             module = "." * node.level + (node.module or "")
             for alias in node.names:
                 facts.imports[alias.asname or alias.name] = module
+                facts.originals[alias.asname or alias.name] = alias.name
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             facts.functions.add(node.name)
     return facts
@@ -1121,6 +1162,10 @@ def audit_paths(paths: Sequence[str]) -> AuditResult:
         classes.collect(tree, path)
     classes.resolve()
     file_facts = {path: _file_facts(tree, path) for path, tree in trees}
+    classes.imports = {
+        path: {k: (m, f.originals.get(k, k)) for k, m in f.imports.items()}
+        for path, f in file_facts.items()
+    }
     auditor = _Auditor(classes, file_facts)
     facts = _Module()
     for _, tree in trees:
