@@ -454,7 +454,7 @@ def test_imports_decide_which_class_of_a_name_is_meant(tmp_path: Path) -> None:
     (tmp_path / "eng").mkdir()
     (tmp_path / "eng" / "__init__.py").write_text("")
     _write(tmp_path, "eng/meta.py", BASE)
-    _write(tmp_path, "other.py", '''
+    _write(tmp_path, "a_other.py", '''
 from dataclasses import dataclass
 
 @dataclass(kw_only=True)
@@ -476,7 +476,7 @@ def prepare(fwd: Fwd) -> Md:
 ''')
     elsewhere = _write(tmp_path, "third.py", '''
 from pkg.missing import Fwd
-from other import Fwd as Spare
+from a_other import Fwd as Spare
 
 def copy(f: Spare) -> Fwd:
     return Fwd(qsl=f.qsl, slots=f.slots)
@@ -485,7 +485,8 @@ def renamed(f: Spare) -> Spare:
     return Spare(qsl=f.qsl, slots=f.slots)
 ''')
     result = audit_paths([str(tmp_path)])
-    # eng/meta.py's Fwd (track, flag, hidden), not other.py's (spare); Spare is other.Fwd.
+    # eng/meta.py's Fwd (track, flag, hidden), not a_other.py's (spare, found first);
+    # Spare is a_other.Fwd.
     assert sorted((f.path, f.function, f.field) for f in result.findings) == [
         (user, "prepare", "flag"), (elsewhere, "renamed", "spare"),
     ]  # fmt: skip

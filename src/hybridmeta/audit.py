@@ -291,6 +291,14 @@ class _Classes:
                     continue
                 cands = [c for c in names.get(base, []) if id(c) not in stack]
                 same_file = [c for c in cands if c.path == info.path]
+                imported = getattr(self, "imports", {}).get(info.path, {}).get(base)
+                if not same_file and imported is not None:
+                    # The base its file imports: that module's class (or none given).
+                    target = self.module_path(imported[0], info.path)
+                    cands = [
+                        c for c in names.get(imported[1], [])
+                        if c.path == target and id(c) not in stack
+                    ]  # fmt: skip
                 pick = (same_file or cands)[:1]
                 if not pick:
                     complete = False
@@ -1160,12 +1168,12 @@ def audit_paths(paths: Sequence[str]) -> AuditResult:
     classes = _Classes()
     for path, tree in trees:
         classes.collect(tree, path)
-    classes.resolve()
     file_facts = {path: _file_facts(tree, path) for path, tree in trees}
     classes.imports = {
         path: {k: (m, f.originals.get(k, k)) for k, m in f.imports.items()}
         for path, f in file_facts.items()
     }
+    classes.resolve()
     auditor = _Auditor(classes, file_facts)
     facts = _Module()
     for _, tree in trees:
