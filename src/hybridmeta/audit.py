@@ -246,6 +246,10 @@ class _Classes:
         self.by_name: dict[str, list[ClassInfo]] = {}
         self.all: list[ClassInfo] = []
         self._pending: list[tuple[ClassInfo, bool]] = []  # (info, decorated)
+        #: path -> {name imported there: ("module", name in the module)}, set by
+        #: audit_paths (imports disambiguate classes of the same name in different files).
+        self.imports: dict[str, dict[str, tuple[str, str]]] = {}
+        self._given: dict[str, str] | None = None  # resolved path -> path as given
 
     def collect(self, tree: ast.Module, path: str) -> None:
         def visit(body: list[ast.stmt], prefix: str) -> None:
@@ -291,7 +295,7 @@ class _Classes:
                     continue
                 cands = [c for c in names.get(base, []) if id(c) not in stack]
                 same_file = [c for c in cands if c.path == info.path]
-                imported = getattr(self, "imports", {}).get(info.path, {}).get(base)
+                imported = self.imports.get(info.path, {}).get(base)
                 if not same_file and imported is not None:
                     # The base its file imports: that module's class (or none given).
                     target = self.module_path(imported[0], info.path)
@@ -325,10 +329,6 @@ class _Classes:
                 self.by_name.setdefault(info.name, []).append(info)
                 self.all.append(info)
 
-    #: path -> {name imported there: ("module", name in the module)}, set by audit_paths
-    #: (imports disambiguate classes of the same name in different files).
-    imports: dict[str, dict[str, tuple[str, str]]]
-
     def lookup(
         self, name: str, path: str, _seen: tuple[tuple[str, str], ...] = ()
     ) -> ClassInfo | None:
@@ -340,7 +340,7 @@ class _Classes:
         same = [c for c in cands if c.path == path]
         if same:
             return same[0]
-        imported = getattr(self, "imports", {}).get(path, {}).get(short)
+        imported = self.imports.get(path, {}).get(short)
         if imported is not None and "." not in name:
             module, original = imported
             target = self.module_path(module, path)
@@ -353,7 +353,9 @@ class _Classes:
         """The given file that is ``module`` as imported from ``path``, if any."""
         level = len(module) - len(module.lstrip("."))
         parts = [p for p in module.lstrip(".").split(".") if p]
-        given = {str(Path(p).resolve()): p for p in getattr(self, "imports", {})}
+        if self._given is None:
+            self._given = {str(Path(p).resolve()): p for p in self.imports}
+        given = self._given
         if level:
             base = Path(path).resolve().parent
             for _ in range(level - 1):
