@@ -37,13 +37,18 @@ from hybridmeta.model import ForwardMetadata, Mamba2Metadata
 MAX_BS = 256
 
 
-def _step_metadata(bs: int, num_slots: int, device: torch.device) -> ForwardMetadata:
+def _step_metadata(
+    bs: int, num_slots: int, device: torch.device, table: torch.Tensor | None = None
+) -> ForwardMetadata:
+    """A valid decode step: distinct working slots, track slots none of them. With a slot
+    table the working ids are virtual ones whose physical slots are those working slots."""
     slots = torch.randperm(num_slots)[: 2 * bs]
+    working = slots[:bs] if table is None else torch.argsort(table.cpu())[slots[:bs]]
     mask = torch.zeros(bs, dtype=torch.bool)
     mask[::7] = True
     return ForwardMetadata(
         query_start_loc=torch.arange(bs + 1).to(device),
-        mamba_cache_indices=slots[:bs].to(device),
+        mamba_cache_indices=working.to(device),
         mamba_track_indices=slots[bs:].to(device),
         mamba_track_mask=mask.to(device),
         has_mamba_track_mask=True,
@@ -125,7 +130,7 @@ def bench_refresh(
         table = torch.randperm(num_slots).to(device) if translate else None
         buffers = StaticBuffers(max_bs=MAX_BS, num_slots=num_slots, device=device, slot_table=table)
         for bs in sizes:
-            step = _step_metadata(bs, num_slots, device)
+            step = _step_metadata(bs, num_slots, device, table)
             bucket = bs  # one graph per bucket; measure the path, not the bucket choice
 
             def refresh(

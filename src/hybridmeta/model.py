@@ -521,6 +521,27 @@ class SpecCommitMetadata(Mamba2Metadata):
                 "target-verify forward (evolve it from prepare_target_verify's metadata)"
             )
 
+    def __validate_debug__(self) -> None:
+        # Debug mode only (reads device values): the verdict's columns index the draft. An
+        # accepted_index of T (the count passed for the index) would silently skip the row.
+        T = self.draft_token_num
+        checks: list[tuple[str, torch.Tensor, torch.Tensor | None]] = [
+            ("accepted_index", self.accepted_index, None)
+        ]
+        if self.has_mamba_track_mask and self.mamba_track_mask is not None:
+            # track_token is read only for the flagged rows of a tracking step
+            checks.append(("track_token", self.track_token, self.mamba_track_mask.bool()))
+        for name, cols, rows in checks:
+            bad = (cols < -1) | (cols >= T)
+            if rows is not None:
+                bad &= rows
+            if bool(bad.any()):
+                r = int(bad.nonzero()[0, 0])
+                raise ValueError(
+                    f"SpecCommitMetadata.{name} row {r} holds {int(cols[r])}: must be -1 "
+                    f"(none) or a draft column in [0, draft_token_num={T})"
+                )
+
 
 def prepare_commit(
     verify: Mamba2Metadata, *, accepted_index: torch.Tensor, track_token: torch.Tensor

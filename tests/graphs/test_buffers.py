@@ -9,7 +9,19 @@ from typing import Any
 import pytest
 import torch
 
-from hybridmeta import TOKENS, Dim, debug_mode, fields_of
+from hybridmeta import (
+    BATCH,
+    INDEX,
+    TOKENS,
+    Conventions,
+    Dim,
+    Pad,
+    RowOrder,
+    debug_mode,
+    fields_of,
+    metadata,
+    tensor_field,
+)
 from hybridmeta.graphs import (
     EmulatedGraphBackend,
     InputSpec,
@@ -17,7 +29,7 @@ from hybridmeta.graphs import (
     bucket_for,
     default_buckets,
 )
-from hybridmeta.model import ForwardMetadata, Mamba2Metadata
+from hybridmeta.model import ForwardMetadata, Mamba2Metadata, SpecCommitMetadata
 
 MAX_BS = 6
 SLOTS = 16
@@ -279,11 +291,16 @@ def test_refresh_does_not_read_device_values_outside_debug_mode(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Refresh inside an emulated capture: any host read of a tensor value would raise. The
-    # one documented read is the slot-range bound, which runs on host-known values (CPU
-    # buffers) only, and on a GPU in debug mode: take it out, the rest must read nothing.
+    # one documented read is the slot check, which runs on host-known values (CPU buffers)
+    # only, and on a GPU in debug mode: take it out, the rest must read nothing.
     ranges: list[int] = []
-    monkeypatch.setattr(StaticBuffers, "_validate_ranges", lambda self, step: ranges.append(1))
     buffers = _buffers(slot_table=torch.arange(SLOTS))
+
+    def counted(step: ForwardMetadata, present: tuple[bool, ...]) -> bool:
+        ranges.append(1)
+        return True
+
+    monkeypatch.setattr(buffers, "_slot_check", counted)
     step = _step([1, 2], [3, -1], [True, False])
     x = _x(2)
     graph = EmulatedGraphBackend().capture(lambda: buffers.refresh(step, 4, x), warmup=0)
@@ -363,7 +380,7 @@ _CHEAP_CASES: list[_Case] = [
     (
         "slot out of range (host-known: always)",
         lambda b: b.refresh(_step([1, SLOTS]), 2, _x(2)),
-        r"mamba_cache_indices row 1 holds 16: not -1 \(pad\) nor a slot in \[0, 16\)",
+        r"mamba_cache_indices row 1 holds 16: not a slot in \[0, 16\)",
     ),
     (
         "negative slot (host-known: always)",
@@ -374,6 +391,44 @@ _CHEAP_CASES: list[_Case] = [
         "track slot out of range (host-known: always)",
         lambda b: b.refresh(_step([1], [SLOTS + 2], [True]), 1, _x(1)),
         r"mamba_track_indices row 0 holds 18",
+    ),
+    (
+        "track slot below the pad (host-known: always)",
+        lambda b: b.refresh(_step([1, 2], [-2, 5], [False, True]), 2, _x(2)),
+        r"mamba_track_indices row 0 holds -2: not -1 \(pad\) nor a slot in \[0, 16\)",
+    ),
+    # The slot rules of a live step (host-known: always on CPU buffers; debug mode on a GPU).
+    (
+        "duplicate working slot",
+        lambda b: b.refresh(_step([3, 5, 3]), 3, _x(3)),
+        r"mamba_cache_indices rows 0 and 2 hold the same slot 3: two rows would update one state",
+    ),
+    (
+        "pad value in a live row",
+        lambda b: b.refresh(_step([2, -1]), 2, _x(2)),
+        r"mamba_cache_indices holds the pad -1 in live row 1: every row of a step is live",
+    ),
+    (
+        "flagged row without track slot",
+        lambda b: b.refresh(_step([1, 2], [-1, 4], [True, False]), 2, _x(2)),
+        r"mamba_track_indices row 0 is -1 \(none\) but mamba_track_mask flags it",
+    ),
+    (
+        "track slot is another row's working slot",
+        lambda b: b.refresh(_step([5, 2], [2, -1], [True, False]), 2, _x(2)),
+        r"mamba_track_indices row 0 \(flagged in mamba_track_mask\) saves into slot 2, the "
+        r"mamba_cache_indices of row 1: the save would overwrite live state",
+    ),
+    (
+        "track slot is the row's own working slot",
+        lambda b: b.refresh(_step([5, 2], [5, -1], [True, False]), 2, _x(2)),
+        r"saves into slot 5, its own mamba_cache_indices",
+    ),
+    (
+        "two flagged rows save into one track slot",
+        lambda b: b.refresh(_step([1, 2, 3], [9, 8, 9], [True, False, True]), 3, _x(3)),
+        r"mamba_track_indices rows 0 and 2, both flagged in mamba_track_mask, save into the "
+        r"same track slot 9",
     ),
     (
         "0-d input",
@@ -393,16 +448,6 @@ _CHEAP_CASES: list[_Case] = [
 
 _DEBUG_CASES: list[_DebugCase] = [
     (
-        "duplicate slot",
-        lambda: (_step([3, 3]), 2, _x(2)),
-        r"mamba_cache_indices has a duplicate slot",
-    ),
-    (
-        "pad value in live row",
-        lambda: (_step([2, -1]), 2, _x(2)),
-        r"mamba_cache_indices holds the pad value -1 in live row 1",
-    ),
-    (
         "decreasing qsl",
         lambda: (_step([1, 2], query_start_loc=torch.tensor([0, 1, 0])), 2, _x(2)),
         r"query_start_loc must be non-decreasing",
@@ -416,16 +461,6 @@ _DEBUG_CASES: list[_DebugCase] = [
         "qsl not one token per row",
         lambda: (_step([1, 2], query_start_loc=torch.tensor([0, 2, 3])), 2, _x(2)),
         r"query_start_loc must give every row 1 token",
-    ),
-    (
-        "flagged row without track slot",
-        lambda: (_step([1], [-1], [True], has_mamba_track_mask=True), 1, _x(1)),
-        r"mamba_track_indices is -1 \(none\) in a row whose mamba_track_mask is set",
-    ),
-    (
-        "track slot is a working slot",
-        lambda: (_step([5, 2], [5, -1], [True, False]), 2, _x(2)),
-        r"mamba_track_indices slot 5 of a tracked row is also the mamba_cache_indices",
     ),
     (
         "NaN input",
@@ -460,16 +495,26 @@ def test_value_checks_run_in_debug_mode_before_anything_is_written(
     _assert_untouched(before, _snapshot(buffers))
 
 
-def test_virtual_slot_out_of_table_is_refused() -> None:
+@pytest.mark.parametrize(
+    ("slots", "match"),
+    [
+        ([1, 4], r"mamba_cache_indices row 1 holds 4 \(a value\): not a virtual slot "
+         r"\(slot-table index\) in \[0, 4\)"),
+        # A live -1 passed the range check and the buffers were written before the
+        # translation raised a bare IndexError (issue 21).
+        ([1, -1], r"mamba_cache_indices row 1 holds -1 \(the pad -1 in a live row\): not a "
+         r"virtual slot \(slot-table index\) in \[0, 4\); every row of a step is live and "
+         r"the slot table has no pad entry"),
+    ],
+)  # fmt: skip
+def test_virtual_slot_out_of_table_is_refused_before_anything_is_written(
+    slots: list[int], match: str
+) -> None:
     buffers = _buffers(slot_table=torch.arange(4, dtype=torch.int64))
     _poison(buffers)
     before = _snapshot(buffers)
-    with pytest.raises(
-        ValueError,
-        match=r"mamba_cache_indices row 1 holds 4: not -1 \(pad\) nor a virtual slot "
-        r"\(slot-table index\) in \[0, 4\)",
-    ):
-        buffers.refresh(_step([1, 4]), 2, _x(2))
+    with pytest.raises(ValueError, match=match):
+        buffers.refresh(_step(slots, [6, -1], [True, False]), 2, _x(2))
     _assert_untouched(before, _snapshot(buffers))
 
 
@@ -484,17 +529,36 @@ def test_debug_checks_run_on_physical_ids() -> None:
     assert md.mamba_cache_indices.tolist() == [4]
     _poison(buffers)
     before = _snapshot(buffers)
-    with debug_mode(), pytest.raises(ValueError, match="slot 4 of a tracked row is also"):
-        buffers.refresh(_step([3], [4], [True]), 1, _x(1))  # virtual 3 -> physical 4
-    _assert_untouched(before, _snapshot(buffers))
+    match = r"saves into slot 4, its own mamba_cache_indices \(physical, through the slot table\)"
+    for debug in (False, True):  # host-known values: refused in and outside debug mode
+        with debug_mode(debug), pytest.raises(ValueError, match=match):
+            buffers.refresh(_step([3], [4], [True]), 1, _x(1))  # virtual 3 -> physical 4
+        _assert_untouched(before, _snapshot(buffers))
+    # Two virtual ids are distinct, their physical slots too (the table has no duplicate).
+    with pytest.raises(ValueError, match=r"rows 0 and 1 hold the same slot 4 \(physical"):
+        buffers.refresh(_step([3, 3]), 2, _x(2))
 
 
-def test_value_checks_are_skipped_outside_debug_mode() -> None:
-    # No device read on the hot path beyond the documented range bound: a duplicate slot is
-    # only caught in debug mode.
-    buffers = _buffers()
-    md = buffers.refresh(_step([3, 3]), 2, _x(2))
+@pytest.mark.gpu
+def test_slot_rules_on_a_gpu_run_in_debug_mode_only() -> None:
+    # On a GPU the step's ids are device values: reading them would be a sync per step, so
+    # outside debug mode the refresh does not check them (the kernels' own in-kernel
+    # checks stand guard); debug mode refuses, before anything is written.
+    dev = torch.device("cuda")
+    buffers = _buffers(device=dev)
+    cpu = _step([3, 3])
+    step = ForwardMetadata(
+        query_start_loc=cpu.query_start_loc.to(dev),
+        mamba_cache_indices=cpu.mamba_cache_indices.to(dev),
+    )
+    x = {"x": _x(2)["x"].to(dev)}
+    md = buffers.refresh(step, 2, x)
     assert md.mamba_cache_indices.tolist() == [3, 3]
+    _poison(buffers)
+    before = _snapshot(buffers)
+    with debug_mode(), pytest.raises(ValueError, match="rows 0 and 1 hold the same slot 3"):
+        buffers.refresh(step, 2, x)
+    _assert_untouched(before, _snapshot(buffers))
 
 
 def test_cuda_without_cuda_is_refused_with_our_message() -> None:
@@ -517,7 +581,14 @@ def test_cuda_without_cuda_is_refused_with_our_message() -> None:
         ({"static": {"draft_token_num": 2}}, "draft columns are a bucket dimension"),
         ({"max_draft": 2}, "draft_token_num is 2 but is_target_verify is False"),
         ({"slot_table": torch.tensor([0, SLOTS])}, "slot_table maps to slots outside"),
-        ({"slot_table": torch.tensor([0], dtype=torch.int32)}, "slot_table must be 1-D"),
+        ({"slot_table": torch.tensor([0, -1])}, r"virtual slot 1 maps to -1"),
+        ({"slot_table": torch.tensor([0], dtype=torch.int32)}, "slot_table must be a 1-D"),
+        ({"slot_table": [0, 1]}, "slot_table must be a 1-D torch.int64 tensor on cpu, got list"),
+        (
+            {"slot_table": torch.tensor([4, 0, 7, 0])},
+            r"slot_table has a duplicate entry: virtual slots 1 and 3 both map to physical "
+            r"slot 0 \(two requests would update one state\)",
+        ),
         ({"inputs": {"mamba_cache_indices": InputSpec((1,), torch.float32)}}, "collides"),
     ],
 )
@@ -641,3 +712,127 @@ def test_generated_step_check_accepts_exactly_what_the_detailed_checks_accept() 
                 assert fast == slow, (step, key)
                 checked += fast is not None
     assert checked >= 10  # the accepting side is exercised too
+
+
+def test_the_slot_table_is_copied_and_frozen_at_construction() -> None:
+    # Issue 21: the table was kept by reference; changing it after construction sent slot
+    # 100 of a 16-slot pool straight to the kernels.
+    table = torch.tensor([5, 4, 3, 2, 1, 0], dtype=torch.int64)
+    buffers = _buffers(slot_table=table)
+    table[1] = 100
+    table.resize_(2)
+    md = buffers.refresh(_step([1, 5]), 2, _x(2))
+    assert md.mamba_cache_indices.tolist() == [4, 0]
+    with pytest.raises(
+        ValueError, match=r"row 0 holds 6 \(a value\): not a virtual slot .* \[0, 6\)"
+    ):
+        buffers.refresh(_step([6]), 1, _x(1))
+
+
+def test_refreshed_bucket_names_the_bucket_the_buffers_hold_whole() -> None:
+    buffers = _buffers()
+    held = [buffers.refreshed_bucket]
+    buffers.refresh(_step([3, 1]), 4, _x(2))
+    held.append(buffers.refreshed_bucket)
+    with pytest.raises(ValueError, match="hold the same slot 3"):
+        buffers.refresh(_step([3, 3]), 2, _x(2))
+    held.append(buffers.refreshed_bucket)  # a refusal writes nothing: the bucket stays whole
+    buffers.pad_all(2)
+    held.append(buffers.refreshed_bucket)
+    buffers.poison_(2, lambda name, t: None)  # past the bucket
+    held.append(buffers.refreshed_bucket)
+    buffers.poison_(1, lambda name, t: None)  # into it
+    held.append(buffers.refreshed_bucket)
+    assert held == [None, (4, 1), (4, 1), (2, 1), (2, 1), None]
+
+
+def test_a_subsumed_flag_off_pads_the_fields_it_governs() -> None:
+    # The graphs are captured with has_mamba_track_mask on (every row masked per row); a step
+    # with the flag off saves nothing eagerly, whatever its mask says: its track rows are
+    # padded, and its track values are not checked (no layer reads them).
+    buffers = _buffers()
+    _poison(buffers)
+    step = _step([1, 2], [2, -7], [True, True], has_mamba_track_mask=False)
+    md = buffers.refresh(step, 3, _x(2))
+    assert md.mamba_track_mask is not None and md.mamba_track_indices is not None
+    assert md.mamba_track_mask.tolist() == [False] * 3
+    assert md.mamba_track_indices.tolist() == [-1] * 3
+
+
+def test_a_write_that_fails_leaves_no_bucket_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Whatever stops a write part way (here the copy itself), the buffers then hold no
+    # complete bucket: no graph may replay them until the next refresh.
+    buffers = _buffers()
+    buffers.refresh(_step([3, 1]), 4, _x(2))
+
+    def broken(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
+        dsts[0].copy_(srcs[0])
+        raise RuntimeError("device lost")
+
+    with monkeypatch.context() as m:
+        m.setattr(torch, "_foreach_copy_", broken)
+        with pytest.raises(RuntimeError, match="device lost"):
+            buffers.refresh(_step([5, 2]), 4, _x(2))
+    held = [buffers.refreshed_bucket]
+    buffers.refresh(_step([5, 2]), 4, _x(2))
+    held.append(buffers.refreshed_bucket)
+    assert held == [None, (4, 1)]
+
+
+# --------------------------------------------------------------------------- engine extensions
+
+
+@metadata(extension=True, conventions=Conventions(row_order=RowOrder.DECODES_FIRST, null_slot=0))
+class _EngineStep(ForwardMetadata):
+    """vLLM-shaped: its own per-row field and host field, null slot 0 (a reserved block)."""
+
+    seq_lens: torch.Tensor = tensor_field(rows=BATCH, dtypes=INDEX, pad=Pad.value(0))
+    spec_budget: int = 0
+
+
+def _engine_step(slots: list[int], seq: list[int], **kw: Any) -> _EngineStep:
+    bs = len(slots)
+    return _EngineStep(
+        query_start_loc=torch.arange(bs + 1),
+        mamba_cache_indices=torch.tensor(slots, dtype=torch.int64),
+        seq_lens=torch.tensor(seq, dtype=torch.int64),
+        **kw,
+    )
+
+
+def _as_engine(md: Mamba2Metadata) -> _EngineStep:
+    # The bucket's metadata is the generated specialisation: the engine's fields flow.
+    assert isinstance(md, _EngineStep) and isinstance(md, Mamba2Metadata)
+    return md
+
+
+def test_an_engine_extension_is_buffered_from_its_declarations() -> None:
+    buffers = _buffers(source=_EngineStep, optional_fields=(), num_slots=SLOTS)
+    _poison(buffers)
+    md = _as_engine(buffers.refresh(_engine_step([3, 1], [17, 9]), 4, _x(2)))
+    ptr = md.seq_lens.data_ptr()
+    assert md.seq_lens.tolist() == [17, 9, 0, 0]  # its declared pad on the pad rows
+    # Slot fields pad with the class's declared null slot, not -1.
+    assert md.mamba_cache_indices.tolist() == [3, 1, 0, 0]
+    assert md.spec_budget == 0
+    # The stale tail beyond the bucket stays unreachable.
+    assert _snapshot(buffers)["seq_lens"][4:].tolist() == [7, 7]
+    # A smaller step through the same bucket: the previous rows 1..3 are padded again.
+    md = _as_engine(buffers.refresh(_engine_step([5], [4]), 4, _x(1)))
+    assert md.seq_lens.tolist() == [4, 0, 0, 0]
+    assert md.seq_lens.data_ptr() == ptr  # one static buffer, every step
+    assert md.mamba_cache_indices.tolist() == [5, 0, 0, 0]
+
+
+def test_an_engine_extension_step_is_checked_like_the_root() -> None:
+    buffers = _buffers(source=_EngineStep, optional_fields=())
+    with pytest.raises(TypeError, match=r"step must be a _EngineStep, got ForwardMetadata"):
+        buffers.refresh(_step([1]), 2, _x(1))
+    with pytest.raises(ValueError, match=r"spec_budget.*captured with 0"):
+        buffers.refresh(_engine_step([1], [3], spec_budget=2), 2, _x(1))
+    frozen = _buffers(source=_EngineStep, optional_fields=(), static={"spec_budget": 2})
+    assert _as_engine(frozen.refresh(_engine_step([1], [3], spec_budget=2), 2, _x(1))).spec_budget == 2
+    with pytest.raises(ValueError, match=r"source must be ForwardMetadata or an extension"):
+        _buffers(source=Mamba2Metadata)
+    with pytest.raises(ValueError, match=r"supported with metadata_class=Mamba2Metadata only"):
+        _buffers(source=_EngineStep, metadata_class=SpecCommitMetadata)

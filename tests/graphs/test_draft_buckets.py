@@ -13,7 +13,7 @@ from collections.abc import Mapping
 import pytest
 import torch
 
-from hybridmeta import TOKENS, ForwardMetadata
+from hybridmeta import TOKENS, ForwardMetadata, debug_mode
 from hybridmeta.graphs import EmulatedGraphBackend, GraphRunner, InputSpec, StaticBuffers
 from hybridmeta.model import Mamba2Metadata, SpecCommitMetadata, prepare_target_verify
 
@@ -189,3 +189,52 @@ def test_runner_with_sparse_draft_buckets_pads_columns_and_returns_live_tokens()
 def test_draft_buckets_must_end_at_max_draft(draft_buckets: tuple[int, ...]) -> None:
     with pytest.raises(ValueError, match="draft_buckets must be >= 1 and end at max_draft=3"):
         GraphRunner(lambda md, ins: {}, _verify_buffers(), draft_buckets=draft_buckets)
+
+
+@pytest.mark.parametrize(
+    ("accepted", "token", "match"),
+    [
+        # the count passed for the index: the captured commit silently skipped the row
+        ([2, 0], [-1, -1], r"accepted_index row 0 holds 2: must be -1 \(none\) or a draft "
+         r"column in \[0, draft_token_num=2\)"),
+        ([0, -2], [-1, -1], r"accepted_index row 1 holds -2"),
+        ([0, 1], [-1, 5], r"track_token row 1 holds 5"),  # row 1 is flagged
+    ],
+)  # fmt: skip
+def test_commit_columns_outside_the_draft_are_refused_in_debug_mode_before_writing(
+    accepted: list[int], token: list[int], match: str
+) -> None:
+    buffers = StaticBuffers(
+        max_bs=MAX_BS, num_slots=SLOTS, device="cpu", max_draft=MAX_DRAFT,
+        metadata_class=SpecCommitMetadata, static={"is_target_verify": True},
+    )  # fmt: skip
+    _junk(buffers)
+    verify = prepare_target_verify(
+        ForwardMetadata(
+            query_start_loc=torch.tensor([0, 2, 4]),
+            mamba_cache_indices=torch.tensor([2, 6]),
+            mamba_track_indices=torch.tensor([-1, 8]),
+            mamba_track_mask=torch.tensor([False, True]),
+            has_mamba_track_mask=True,
+            is_target_verify=True,
+            draft_token_num=2,
+        )
+    )
+    cmd = SpecCommitMetadata.evolve_from(
+        verify, accepted_index=torch.tensor(accepted), track_token=torch.tensor(token)
+    )
+    before = buffers.snapshot()
+    refusal = r"StaticBuffers\.refresh: SpecCommitMetadata\." + match
+    with debug_mode(), pytest.raises(ValueError, match=refusal):
+        buffers.refresh(cmd, (3, 2))
+    after = buffers.snapshot()
+    for name, t in before.items():
+        assert torch.equal(after[name], t), name
+    # An unflagged row's track_token is never read: any value passes.
+    ok = SpecCommitMetadata.evolve_from(
+        verify, accepted_index=torch.tensor([1, 0]), track_token=torch.tensor([9, 1])
+    )
+    with debug_mode():
+        out = buffers.refresh(ok, (3, 2))
+    assert isinstance(out, SpecCommitMetadata)
+    assert out.accepted_index.tolist() == [1, 0, -1]

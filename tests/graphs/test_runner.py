@@ -189,7 +189,7 @@ def test_capture_in_debug_mode_turns_syncing_step_checks_off() -> None:
     with debug_mode():
         runner.capture()
         assert seen and not any(seen)
-        with pytest.raises(ValueError, match="duplicate slot"):
+        with pytest.raises(ValueError, match="rows 0 and 1 hold the same slot 1"):
             runner.run(_fwd_unchecked([1, 1]))
         assert runner.run(_fwd_unchecked([3]))["y"].tolist() == [4]
 
@@ -200,3 +200,141 @@ def _fwd_unchecked(slots: list[int]) -> ForwardMetadata:
             query_start_loc=torch.arange(len(slots) + 1),
             mamba_cache_indices=torch.tensor(slots),
         )
+
+
+# ------------------------------------------------------- the stale tail, every public path
+
+
+def _zero(name: str, t: torch.Tensor) -> None:
+    t.zero_()
+
+
+def _state_and_buffers(model: ToyMamba, runner: GraphRunner) -> dict[str, torch.Tensor]:
+    snap = runner.buffers.snapshot()
+    snap["<pool>"] = model.state.clone()
+    return snap
+
+
+def _assert_same(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> None:
+    for key, t in before.items():
+        assert torch.equal(after[key].view(torch.uint8), t.view(torch.uint8)), key
+
+
+def test_replaying_a_bucket_other_than_the_refreshed_one_is_refused() -> None:
+    # Issue 21: refresh(fwd, 2) then graph(4).replay() replayed the bucket-4 graph over rows
+    # 2-3 still holding the previous step's slots and inputs (two requests advanced by a
+    # stale token).
+    cpu = torch.device("cpu")
+    model, runner = _setup(cpu)
+    gen = torch.Generator().manual_seed(3)
+    four = model.random_inputs(gen, 4)
+    runner.run(_fwd(cpu, [1, 2, 3, 4], [-1] * 4, [False] * 4), four)  # rows 2-3: slots 3, 4
+    two = model.random_inputs(gen, 2)
+    fwd = _fwd(cpu, [7, 8], [-1, -1], [False, False])
+    runner.buffers.refresh(fwd, 2, two)
+    assert runner.buffers.refreshed_bucket == (2, 1)
+    before = _state_and_buffers(model, runner)
+    with pytest.raises(
+        RuntimeError,
+        match=r"GraphRunner\.graph\(4, 1\)\.replay: the static buffers hold bucket \(2, 1\), not "
+        r"\(4, 1\): this graph would read rows that no refresh for it wrote",
+    ):
+        runner.graph(4).replay()
+    _assert_same(before, _state_and_buffers(model, runner))
+    # The refreshed bucket's graph replays the step; so does bucket 4 once refreshed for it.
+    pool, y_ref = model.oracle(model.state[:SLOTS].clone(), two, [7, 8], [-1, -1], [False] * 2)
+    graph = runner.graph(2)
+    graph.replay()
+    torch.testing.assert_close(graph.outputs["y"], y_ref, rtol=1e-5, atol=1e-5)
+    assert torch.equal(model.state[:SLOTS], pool)
+    runner.buffers.refresh(fwd, 4, two)
+    pool, _ = model.oracle(model.state[:SLOTS].clone(), two, [7, 8], [-1, -1], [False] * 2)
+    runner.graph(4).replay()
+    assert torch.equal(model.state[:SLOTS], pool)  # rows 2-3 are pad rows now: slots 3, 4 kept
+
+
+def test_a_graph_handle_refuses_after_its_rows_were_overwritten_or_recaptured() -> None:
+    cpu = torch.device("cpu")
+    model, runner = _setup(cpu)
+    x = model.random_inputs(torch.Generator().manual_seed(4), 2)
+    runner.buffers.refresh(_fwd(cpu, [1, 2], [-1, -1], [False, False]), 2, x)
+    graph = runner.graph(2)
+    runner.buffers.poison_(1, _zero)  # row 1 of bucket 2 overwritten
+    with pytest.raises(RuntimeError, match=r"the static buffers hold no complete bucket"):
+        graph.replay()
+    runner.buffers.refresh(_fwd(cpu, [1, 2], [-1, -1], [False, False]), 2, x)
+    runner.buffers.poison_(2, _zero)  # past the bucket: it stays whole
+    graph.replay()
+    runner.capture()
+    runner.buffers.refresh(_fwd(cpu, [1, 2], [-1, -1], [False, False]), 2, x)
+    with pytest.raises(RuntimeError, match=r"this graph belongs to an earlier capture\(\)"):
+        graph.replay()
+    runner.graph(2).replay()
+
+
+def test_a_runner_whose_capture_failed_refuses_to_run_before_writing() -> None:
+    # Issue 21: after a capture that failed part way, run() refreshed the buffers and then
+    # raised a bare KeyError((1, 1)).
+    cpu = torch.device("cpu")
+    model = ToyMamba(SLOTS, H, D, gen=torch.Generator().manual_seed(5), device=cpu)
+    fail = {"bucket": 1}
+
+    def step(md: Mamba2Metadata, ins: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if md.num_decodes == fail["bucket"]:
+            raise RuntimeError("out of workspace")
+        return model.step(md, ins)
+
+    buffers = StaticBuffers(max_bs=MAX_BS, num_slots=SLOTS, device=cpu, inputs=model.input_specs)
+    runner = GraphRunner(step, buffers, buckets=(1, 2, 4, MAX_BS))
+    with pytest.raises(RuntimeError, match="out of workspace"):
+        runner.capture()
+    captured = [runner.captured]
+    fwd = _fwd(cpu, [3, 1], [-1, -1], [False, False])
+    x = model.random_inputs(torch.Generator().manual_seed(6), 2)
+
+    def junk(name: str, t: torch.Tensor) -> None:
+        t.fill_(True if t.dtype == torch.bool else 5)
+
+    buffers.poison_(0, junk)
+    before = _state_and_buffers(model, runner)
+    refusal = (
+        r"the last capture\(\) failed at bucket \(1, 1\) \(RuntimeError: out of workspace\); a "
+        r"runner without every bucket's graph refuses to run \(nothing was written\)"
+    )
+    with pytest.raises(RuntimeError, match=r"GraphRunner\.run: " + refusal):
+        runner.run(fwd, x)
+    _assert_same(before, _state_and_buffers(model, runner))
+    with pytest.raises(RuntimeError, match=r"GraphRunner\.graph: " + refusal):
+        runner.graph(2)
+    fail["bucket"] = -1  # fixed: a new capture succeeds and the runner runs
+    runner.capture()
+    captured.append(runner.captured)
+    assert captured == [False, True]
+    pool, y_ref = model.oracle(model.state[:SLOTS].clone(), x, [3, 1], [-1, -1], [False] * 2)
+    torch.testing.assert_close(runner.run(fwd, x)["y"], y_ref, rtol=1e-5, atol=1e-5)
+    assert torch.equal(model.state[:SLOTS], pool)
+
+
+def test_a_step_that_saves_nothing_saves_nothing_under_replay() -> None:
+    # has_mamba_track_mask=False with a mask that flags a row: the eager ops save nothing
+    # (the flag decides); the graph, captured with the flag on, must not save either.
+    cpu = torch.device("cpu")
+    model, runner = _setup(cpu)
+    x = model.random_inputs(torch.Generator().manual_seed(7), 2)
+    fwd = ForwardMetadata(
+        query_start_loc=torch.arange(3),
+        mamba_cache_indices=torch.tensor([3, 4]),
+        mamba_track_indices=torch.tensor([9, -1]),
+        mamba_track_mask=torch.tensor([True, False]),
+        has_mamba_track_mask=False,
+    )
+    pool, y_ref = model.oracle(model.state[:SLOTS].clone(), x, [3, 4], [-1, -1], [False] * 2)
+    out = runner.run(fwd, x)
+    torch.testing.assert_close(out["y"], y_ref, rtol=1e-5, atol=1e-5)
+    assert torch.equal(model.state[:SLOTS], pool)  # slot 9 untouched
+
+
+def test_run_refuses_a_step_that_is_not_metadata() -> None:
+    _, runner = _setup(torch.device("cpu"))
+    with pytest.raises(TypeError, match=r"GraphRunner\.run: step must be a ForwardMetadata"):
+        runner.run(None, {})  # type: ignore[arg-type]

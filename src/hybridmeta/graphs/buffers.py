@@ -32,10 +32,16 @@ exactly one place, :meth:`StaticBuffers._translate`, for the fields whose role i
 translated (``Role.WORKING_SLOT``).
 
 Checks before anything is written: structure always (shapes, dtypes, devices, host
-values); slot ranges always when the step's values live on the host (CPU buffers: the
-bound costs no sync), on a GPU in debug mode; every declared value rule
-(:func:`hybridmeta.core.check_values`, on *physical* ids after translation) and NaN inputs
-in debug mode.
+values); the slot rules of a live step (ids in range, no pad in a live row's working
+slot, distinct physical working slots, a flagged row's track slot present, distinct and
+never a working slot) always when the step's values live on the host (CPU buffers: no
+sync), on a GPU in debug mode; every other declared value rule
+(:func:`hybridmeta.core.check_values`, on *physical* ids after translation, the step
+class's ``__validate_debug__``) and NaN inputs in debug mode. The slot table is copied and
+checked (slots, no pad, no duplicate) at construction.
+
+:attr:`StaticBuffers.refreshed_bucket` is the bucket whose rows the buffers hold whole (the
+last refresh or pad of it); :class:`~hybridmeta.graphs.GraphRunner` replays no other.
 """
 
 from __future__ import annotations
@@ -45,6 +51,8 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Final
 
 import attrs
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from hybridmeta.core import (
@@ -55,8 +63,10 @@ from hybridmeta.core import (
     FieldSpec,
     Role,
     _compile,
+    _hooks,
     check_values,
     fields_of,
+    is_extension,
     source_of,
 )
 from hybridmeta.debug import is_debug
@@ -118,11 +128,21 @@ class InputSpec:
             raise ValueError(f"InputSpec.rows must be BATCH or TOKENS, got {self.rows!r}")
 
 
+def _pad_of(spec: FieldSpec) -> int:
+    """The id a pad row carries in a slot field: the field's declared pad value."""
+    assert spec.pad is not None and isinstance(spec.pad.value, int), spec
+    return int(spec.pad.value)
+
+
 def _err(name: str, rule: str) -> ValueError:
     return ValueError(f"StaticBuffers.refresh: {name} {rule}")
 
 
 _BYTE: Final = torch.uint8
+
+#: Up to this many rows the host-side slot check runs on Python lists (each numpy call
+#: costs more than the whole check on a short list), past it on numpy arrays.
+_LIST_ROWS: Final = 32
 
 # A live destination of a refresh: (is_input, name, shape the source is viewed as or None).
 _Live = tuple[bool, str, tuple[int, ...] | None]
@@ -239,6 +259,14 @@ class StaticBuffers:
         ``[num_virtual]`` map from virtual slot ids (request-pool indices) to physical state
         slots. When given, the translated slot fields (``Role.WORKING_SLOT``) of a step
         hold virtual ids.
+    source : type
+        The step's class: ``ForwardMetadata`` (default) or an engine's extension of it
+        (``@metadata(extension=True)``). Its own per-row fields are buffered from their
+        declarations like the root's (dtype, pad; slot fields pad with the class's declared
+        null slot), its host fields are frozen like the root's (``static``), and each bucket's
+        metadata is ``Mamba2Metadata.evolve_from`` of an instance of it (the generated
+        specialisation, carrying the engine's fields). With ``metadata_class`` other than
+        ``Mamba2Metadata`` only the default is supported.
     """
 
     def __init__(
@@ -254,7 +282,22 @@ class StaticBuffers:
         index_dtype: torch.dtype = torch.int64,
         inputs: Mapping[str, InputSpec] | None = None,
         slot_table: torch.Tensor | None = None,
+        source: type[ForwardMetadata] = ForwardMetadata,
     ) -> None:
+        if not (
+            isinstance(source, type)
+            and issubclass(source, ForwardMetadata)
+            and (source is ForwardMetadata or is_extension(source))
+        ):
+            raise ValueError(
+                f"StaticBuffers: source must be ForwardMetadata or an extension of it "
+                f"(@metadata(extension=True)), got {source!r}"
+            )
+        if source is not ForwardMetadata and metadata_class is not Mamba2Metadata:
+            raise ValueError(
+                f"StaticBuffers: source={source.__qualname__} is supported with "
+                f"metadata_class=Mamba2Metadata only, got {metadata_class.__qualname__}"
+            )
         if isinstance(max_bs, bool) or not isinstance(max_bs, int) or max_bs <= 0:
             raise ValueError(f"StaticBuffers: max_bs must be an int > 0, got {max_bs!r}")
         if isinstance(num_slots, bool) or not isinstance(num_slots, int) or num_slots <= 0:
@@ -272,11 +315,12 @@ class StaticBuffers:
         self.index_dtype = index_dtype
         self.metadata_class = metadata_class
         self._chain = _chain(metadata_class)
+        self.source = source
         self._step_class: type[ForwardMetadata] = (
-            ForwardMetadata if metadata_class is Mamba2Metadata else metadata_class
+            source if metadata_class is Mamba2Metadata else metadata_class
         )
 
-        root = fields_of(ForwardMetadata)
+        root = fields_of(source)
         # Mamba2Metadata's own fields are computed from the rows (prepare_decode /
         # prepare_target_verify); fields added below it must be per-row tensors.
         computed = {s.name for s in fields_of(Mamba2Metadata)}
@@ -353,27 +397,31 @@ class StaticBuffers:
             )
             self._pad_src[name] = self._buffers[name].clone()
 
+        # The slot table is copied (device and host) and checked once: changing the caller's
+        # tensor later changes nothing here.
         self._slot_table: torch.Tensor | None = None
+        self._table_host: npt.NDArray[np.int64] | None = None
         if slot_table is not None:
-            self._slot_table = self._check_slot_table(slot_table)
+            self._slot_table, self._table_host = self._check_slot_table(slot_table)
         self._optional = tuple(s.name for s in self._buffered if s.optional)
+        # A field governed by a Role.SUBSUMED_FLAG is used only when the step's flag is set:
+        # with the flag off, its rows are padded (the captured graph, captured with the flag
+        # on, masks its work per row, so it must see the pad, never the step's values).
+        self._gates = {g: s.name for s in specs if s.role is Role.SUBSUMED_FLAG for g in s.governs}
         # Flat tuples for the per-step checks (host time per step matters).
         self._static_items = tuple(self._static.items())
         self._unbuffered_names = tuple(
             s.name for s in specs if s.is_tensor and s not in self._buffered
         )
         self._field_dtypes = tuple((s.name, self._buffers[s.name].dtype) for s in self._buffered)
-        # Slot fields whose values are bounded (CPU buffers always, else debug mode):
-        # (name, bound, what the bound counts).
-        self._range_checks = tuple(
-            (s.name, self._slot_table.shape[0], "virtual slot (slot-table index)")
-            if s.role.translated and self._slot_table is not None
-            else (s.name, num_slots, "slot")
-            for s in self._buffered
-            if s.role.is_slot
-        )
+        # Step values are host data when the buffers live on the CPU: their slot rules are
+        # checked every step (no sync). On a GPU they are device data: debug mode only.
         self._host_values = self.device.type == "cpu"
         self._step_check = self._make_step_check()
+        self._slot_check = self._make_slot_check()
+        # The bucket whose rows [0:B) the buffers hold completely (a refresh or pad_all of
+        # it was the last write); None while a write is under way or after one failed.
+        self._held: Bucket | None = None
         self._plans: dict[tuple[int, int, int, int, tuple[bool, ...]], _Plan] = {}
         self._views: dict[Bucket, tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]] = {}
         self._metadata: dict[Bucket, Mamba2Metadata] = {}
@@ -393,7 +441,7 @@ class StaticBuffers:
         unknown = set(given) - {s.name for s in host}
         if unknown:
             raise ValueError(
-                f"StaticBuffers: static names non-tensor ForwardMetadata fields only; unknown "
+                f"StaticBuffers: static names non-tensor {self.source.__qualname__} fields only; unknown "
                 f"{sorted(unknown)} (known: {[s.name for s in host]})"
             )
         if self._col_field is not None and self._col_field in given:
@@ -457,18 +505,47 @@ class StaticBuffers:
             self._cumulative[(name, T)] = table
         return table
 
-    def _check_slot_table(self, table: torch.Tensor) -> torch.Tensor:
-        # Setup time, not the hot path: reading the table once is acceptable.
-        if table.dim() != 1 or table.dtype != self.index_dtype or table.device != self.device:
-            raise ValueError(
-                f"StaticBuffers: slot_table must be 1-D {self.index_dtype} on {self.device}, got "
+    def _check_slot_table(self, table: object) -> tuple[torch.Tensor, npt.NDArray[np.int64]]:
+        """Validate the virtual -> physical table and return private copies of it (on the
+        buffers' device, and on the host for the host-side slot checks). Setup time, not
+        the hot path: reading the table once is acceptable."""
+        if (
+            not isinstance(table, torch.Tensor)
+            or table.dim() != 1
+            or table.dtype != self.index_dtype
+            or table.device != self.device
+        ):
+            got = (
                 f"{tuple(table.shape)} {table.dtype} on {table.device}"
+                if isinstance(table, torch.Tensor)
+                else type(table).__name__
             )
-        if table.numel() and bool(((table < 0) | (table >= self.num_slots)).any()):
             raise ValueError(
-                f"StaticBuffers: slot_table maps to slots outside [0, {self.num_slots})"
+                f"StaticBuffers: slot_table must be a 1-D {self.index_dtype} tensor on "
+                f"{self.device}, got {got}"
             )
-        return table
+        (spec,) = (s for s in self._buffered if s.role.translated)
+        null = _pad_of(spec)
+        host = table.detach().cpu().numpy().astype(np.int64)  # a copy, never the caller's
+        bad = np.flatnonzero((host < 0) | (host >= self.num_slots) | (host == null))
+        if bad.shape[0]:
+            v = int(bad[0])
+            raise ValueError(
+                f"StaticBuffers: slot_table maps to slots outside [0, {self.num_slots}) or to "
+                f"the pad {null}: virtual slot {v} maps to {int(host[v])} (every entry must "
+                f"be a state slot in [0, {self.num_slots}) other than the pad)"
+            )
+        order = np.argsort(host, kind="stable")
+        same = np.flatnonzero(host[order][1:] == host[order][:-1])
+        if same.shape[0]:
+            a, b = int(order[same[0]]), int(order[same[0] + 1])
+            raise ValueError(
+                f"StaticBuffers: slot_table has a duplicate entry: virtual slots {a} and {b} "
+                f"both map to physical slot {int(host[a])} (two requests would update one "
+                "state)"
+            )
+        host.flags.writeable = False
+        return table.detach().clone(), host
 
     # ------------------------------------------------------------------ properties
 
@@ -486,6 +563,15 @@ class StaticBuffers:
     def static(self) -> Mapping[str, object]:
         """Host-side metadata values fixed at capture."""
         return dict(self._static)
+
+    @property
+    def refreshed_bucket(self) -> Bucket | None:
+        """The bucket ``(B, T)`` whose rows the buffers hold completely: the bucket of the
+        last :meth:`refresh` or :meth:`pad_all` (``None`` before the first, after a write
+        that failed, or once :meth:`poison_` overwrote its rows). Only that bucket's graph
+        may be replayed: any other reads rows another step left behind
+        (:class:`~hybridmeta.graphs.GraphRunner` refuses it)."""
+        return self._held
 
     def key(self, bucket: int | Bucket) -> Bucket:
         """``(B, T)`` of a bucket; a bare ``B`` is ``(B, max_draft)``."""
@@ -547,26 +633,39 @@ class StaticBuffers:
         Raises
         ------
         ValueError
-            Naming the field and the rule, before anything is written. Slot ranges are
-            checked always on CPU buffers and in debug mode on a GPU (a device read); the
-            declared value rules (:func:`hybridmeta.core.check_values` on physical ids:
-            duplicates, pad values in live rows, track slots that are working slots,
-            offsets) and NaN inputs in debug mode only.
+            Naming the field and the rule, before anything is written. The slot rules
+            (ranges, a pad id in a live row's working slot, duplicate physical working
+            slots, a flagged row without a track slot, two flagged rows saving into one
+            slot, a save onto a working slot) are checked always on CPU buffers and in
+            debug mode on a GPU (a device read); the other declared value rules
+            (:func:`hybridmeta.core.check_values`: offsets; the step class's
+            ``__validate_debug__``: a commit's draft columns) and NaN inputs in debug
+            mode only.
+
+        A field governed by a ``Role.SUBSUMED_FLAG`` that the step sets while its flag is
+        off (``has_mamba_track_mask=False`` beside a track mask) is padded, as the eager
+        ops ignore it: the graph, captured with the flag on, would act on its rows.
         """
         key = self.key(bucket)
         live_inputs = inputs if inputs is not None else {}
         bs, t, present = self._validate(step, key, live_inputs)
+        self._held = None  # until every row of the bucket is written
         self._write_live(step, bs, t, key, live_inputs, present)
-        return self._build(key)
+        md = self._build(key)
+        self._held = key
+        return md
 
     def pad_all(self, bucket: int | Bucket) -> Mamba2Metadata:
         """Fill rows ``[0:B)`` with padding (capture and warm-up: kernels do nothing)."""
         key = self.key(bucket)
         self._check_bucket(key, 1, 1)
         plan = self._plan(0, key[1], key, (False,) * len(self._optional))
+        self._held = None
         for group in plan.groups if plan.merged is None else (plan.merged,):
             torch._foreach_copy_(group.dsts, group.pads)
-        return self._build(key)
+        md = self._build(key)
+        self._held = key
+        return md
 
     def views(self, bucket: int | Bucket) -> dict[str, torch.Tensor]:
         """Views of exactly the bucket's rows of the static inputs (what a step reads)."""
@@ -585,9 +684,17 @@ class StaticBuffers:
         """
         if not 0 <= start <= self.max_bs:
             raise ValueError(f"StaticBuffers.poison_: start must be in [0, {self.max_bs}]")
+        if self._held is not None and start < self._held[0]:
+            self._held = None  # the rows of the bucket last written are overwritten
         for name, buf in self._buffers.items():
             off = self.rows_of(name, (start, self.max_draft))
             fill(name, buf[off:])
+
+    def snapshot(self) -> dict[str, torch.Tensor]:
+        """Testing aid: a copy of every static buffer, whole (every row and column, past
+        any bucket too), by name. Writes nothing (unlike :meth:`poison_`, it keeps
+        :attr:`refreshed_bucket`); compare two snapshots to show a refusal wrote nothing."""
+        return {name: buf.clone() for name, buf in self._buffers.items()}
 
     # ------------------------------------------------------------------ internals
 
@@ -616,9 +723,10 @@ class StaticBuffers:
         if self._inputs or inputs:
             self._validate_inputs(inputs, bs, t)
         debug = is_debug()
-        if debug or self._host_values:
-            # Host-known values (CPU buffers) cost no sync to bound; on a GPU, debug only.
-            self._validate_ranges(step)
+        if (debug or self._host_values) and not self._slot_check(step, checked[2]):
+            # Host-known values (CPU buffers) cost no sync to check; on a GPU, debug only.
+            # The fast check failed: the one-by-one checks name the field, row and rule.
+            self._validate_slots(step, checked[2])
         if debug:
             self._validate_values(step, t, inputs)
         return checked
@@ -682,7 +790,16 @@ class StaticBuffers:
                 raise _err(
                     name, f"must have dtype {dtype} (the static buffer's), got {tensor.dtype}"
                 )
-        return bs, t, tuple(getattr(step, n) is not None for n in self._optional)
+        return bs, t, self._present(step)
+
+    def _present(self, step: ForwardMetadata) -> tuple[bool, ...]:
+        """Which optional buffered fields the step uses: set, and (for a field governed by
+        a subsumed flag) with the step's flag on."""
+        return tuple(
+            getattr(step, n) is not None
+            and (n not in self._gates or bool(getattr(step, self._gates[n])))
+            for n in self._optional
+        )
 
     def _make_step_check(
         self,
@@ -732,7 +849,12 @@ class StaticBuffers:
                 f"    if _x is not None and _x.dtype is not _dt{i}:",
                 "        return None",
             ]
-        present = "".join(f"step.{n} is not None, " for n in self._optional)
+        present = "".join(
+            f"bool(step.{self._gates[n]}) and step.{n} is not None, "
+            if n in self._gates
+            else f"step.{n} is not None, "
+            for n in self._optional
+        )
         lines.append(f"    return bs, t, ({present})")
         return _compile(StaticBuffers, "step_check", lines, ns)
 
@@ -771,21 +893,250 @@ class StaticBuffers:
                 name, f"must have trailing shape {tuple(buf.shape[1:])}, got {tuple(t.shape[1:])}"
             )
 
-    def _validate_ranges(self, step: ForwardMetadata) -> None:
-        """Every slot field in range: ``[0, num_slots)`` or the pad, translated fields in
-        ``[0, len(slot_table))``. Reads values: host data, or debug mode."""
-        for name, bound, kind in self._range_checks:
-            t = getattr(step, name)
-            if t is None or not t.numel():
+    def _slot_roles(
+        self,
+    ) -> tuple[FieldSpec | None, FieldSpec | None, FieldSpec | None, tuple[FieldSpec, ...]]:
+        """The buffered working-slot, track-slot and track-mask fields (at most one of each
+        per class, the core's rule) and every other slot field, from the declarations."""
+        by_role = {s.role: s for s in self._buffered}
+        others = tuple(
+            s for s in self._buffered if s.role.is_slot and s.role is not Role.WORKING_SLOT
+            and s.role is not Role.TRACK_SLOT
+        )  # fmt: skip
+        return (
+            by_role.get(Role.WORKING_SLOT),
+            by_role.get(Role.TRACK_SLOT),
+            by_role.get(Role.TRACK_MASK),
+            others,
+        )
+
+    def _make_slot_check(
+        self, list_rows: int = _LIST_ROWS
+    ) -> Callable[[ForwardMetadata, tuple[bool, ...]], bool]:
+        """Generate ``slot_check(step, present) -> bool``: the slot rules of a live step on
+        host copies of its ids (CPU tensors; a device read, debug mode only, on a GPU), as
+        straight-line code from the declarations (no loop over fields): on Python lists up
+        to ``list_rows`` rows, past them on numpy arrays (no loop over rows; one sort
+        bounds the ids and finds a repeat). ``False`` when a rule is broken;
+        :meth:`_validate_slots` then names it. The rules:
+
+        * the working slot of every row (every row of a step is live) is a slot in
+          ``[0, num_slots)`` other than its field's pad; with a slot table, a virtual slot
+          in ``[0, len(slot_table))`` (the table has no pad entry);
+        * every other slot field holds its pad or a slot in ``[0, num_slots)``;
+        * a row flagged in the track mask has a track slot (not the pad);
+        * the physical working slots and the flagged rows' track slots are all distinct:
+          no two rows update one state, no two flagged rows save into one slot, and no save
+          lands on a row's working slot (it would overwrite that row's live state).
+
+        Read it with ``inspect.getsource``."""
+        work, track, mask, others = self._slot_roles()
+        if work is None or work.optional:  # the row count's field: always set
+            raise AssertionError("StaticBuffers: the working slot field must be required")
+        n = self.num_slots
+        table = self._table_host
+        # Ids viewed as unsigned: a negative id becomes huge, so one max bounds both ends.
+        unsigned = np.uint64 if self.index_dtype == torch.int64 else np.uint32
+        ns: dict[str, Any] = {
+            "_np": np, "_nz": np.count_nonzero, "_table": table, "_U": unsigned,
+            "_table_list": table.tolist() if table is not None else None,
+        }  # fmt: skip
+
+        def fetch(spec: FieldSpec, var: str, conv: str, indent: str) -> list[str]:
+            # A field's ids; None when an optional field is unused (present[i] false).
+            if spec.optional:
+                i = self._optional.index(spec.name)
+                return [f"{indent}{var} = step.{spec.name}{conv} if present[{i}] else None"]
+            return [f"{indent}{var} = step.{spec.name}{conv}"]
+
+        def body(lists: bool, ind: str) -> list[str]:
+            """The rules on Python lists (few rows: each numpy call costs more than a
+            short list) or on numpy arrays (no loop over rows). ``_a`` collects the ids
+            that must be distinct slots in [0, n) with no pad among them: every physical
+            working slot, then every flagged row's track slot."""
+            conv = ".tolist()" if lists else ".numpy()" if self._host_values else ".cpu().numpy()"
+
+            def fail_if(cond: str, at: str) -> list[str]:
+                return [f"{at}if {cond}:", f"{at}    return False"]
+
+            def has(var: str, value: int) -> str:
+                return f"{value} in {var}" if lists else f"_nz({var} == {value})"
+
+            def allowed(var: str, spec: FieldSpec, at: str) -> list[str]:
+                # {pad} | [0, n): one bound check when that set is an interval [lo, n)
+                pad = _pad_of(spec)
+                if -1 <= pad < n:
+                    lo = min(pad, 0)
+                    if lists:
+                        return fail_if(f"min({var}) < {lo} or max({var}) >= {n}", at)
+                    shifted = f"({var} + {-lo})" if lo else var
+                    return fail_if(f"{shifted}.view(_U).max() >= {n - lo}", at)
+                if lists:
+                    return fail_if(f"any(x != {pad} and not 0 <= x < {n} for x in {var})", at)
+                return fail_if(f"_nz(({var} != {pad}) & (({var} < 0) | ({var} >= {n})))", at)
+
+            out = fetch(work, "_w", conv, ind)
+            if table is not None:
+                # virtual ids in [0, len(table)); the table's entries are slots, none a pad
+                v = table.shape[0]
+                if lists:
+                    out += fail_if(f"min(_w) < 0 or max(_w) >= {v}", ind)
+                    out.append(f"{ind}_a = [_table_list[x] for x in _w]")
+                else:
+                    out += fail_if(f"_w.view(_U).max() >= {v}", ind)
+                    out.append(f"{ind}_a = _table[_w]")
+            else:
+                out.append(f"{ind}_a = _w")
+                if 0 <= _pad_of(work) < n:  # a pad inside the pool: not a live row's slot
+                    out += fail_if(has("_w", _pad_of(work)), ind)
+            for i, spec in enumerate(others):
+                out += fetch(spec, f"_o{i}", conv, ind)
+                out.append(f"{ind}if _o{i} is not None:")
+                out += allowed(f"_o{i}", spec, ind + "    ")
+            if track is not None:
+                out += fetch(track, "_t", conv, ind)
+                out.append(f"{ind}if _t is not None:")
+                out += allowed("_t", track, ind + "    ")
+                if mask is not None:
+                    at = ind + "        "
+                    out += fetch(mask, "_m", conv, ind + "    ")
+                    out.append(f"{ind}    if _m is not None:")
+                    if lists:
+                        out.append(f"{at}_tr = [x for x, k in zip(_t, _m) if k]")
+                    else:
+                        out.append(f"{at}_tr = _t[_m]")
+                    if 0 <= _pad_of(track) < n:
+                        out += fail_if(has("_tr", _pad_of(track)), at)
+                    out.append(
+                        f"{at}_a = _a + _tr" if lists else f"{at}_a = _np.concatenate((_a, _tr))"
+                    )
+            if lists:
+                out.append(
+                    f"{ind}return min(_a) >= 0 and max(_a) < {n} and len(set(_a)) == len(_a)"
+                )
+            else:
+                out += [
+                    f"{ind}_a = _np.sort(_a)",  # a copy: never reorder the step's own ids
+                    f"{ind}return not (_a[0] < 0 or _a[-1] >= {n} or _nz(_a[1:] == _a[:-1]))",
+                ]
+            return out
+
+        lines = [
+            "def slot_check(step, present):",
+            f"    if step.{work.name}.shape[0] <= {list_rows}:",
+            *body(True, "        "),
+            *body(False, "    "),
+        ]
+        return _compile(StaticBuffers, "slot_check", lines, ns)
+
+    def _validate_slots(self, step: ForwardMetadata, present: tuple[bool, ...]) -> None:
+        """The rules of :meth:`_make_slot_check`, one by one, naming the field, the row and
+        the value. Reads values: host data, or debug mode. Runs only when the fast check
+        failed, so it must raise."""
+        work, track, mask, others = self._slot_roles()
+        used = dict(zip(self._optional, present, strict=True))
+
+        def ids(spec: FieldSpec | None) -> npt.NDArray[Any] | None:
+            if spec is None or not used.get(spec.name, True):
+                return None
+            return np.asarray(getattr(step, spec.name).detach().cpu())
+
+        n = self.num_slots
+        phys = None
+        table = self._table_host
+        through = " (physical, through the slot table)" if table is not None else ""
+        w = ids(work)
+        if work is not None and w is not None:
+            pad = _pad_of(work)
+            if table is not None:
+                bad = np.flatnonzero((w < 0) | (w >= table.shape[0]))
+                if bad.shape[0]:
+                    r = int(bad[0])
+                    what = f"the pad {pad} in a live row" if w[r] == pad else "a value"
+                    raise _err(
+                        work.name,
+                        f"row {r} holds {int(w[r])} ({what}): not a virtual slot (slot-table "
+                        f"index) in [0, {table.shape[0]}); every row of a step is live and "
+                        "the slot table has no pad entry",
+                    )
+                phys = table[w]
+            else:
+                bad = np.flatnonzero((w < 0) | (w >= n) | (w == pad))
+                if bad.shape[0]:
+                    r = int(bad[0])
+                    if w[r] == pad:
+                        rule = (
+                            f"holds the pad {pad} in live row {r}: every row of a step is "
+                            f"live and needs a slot in [0, {n}) (pad rows are the buffers' "
+                            "business)"
+                        )
+                    else:
+                        rule = f"row {r} holds {int(w[r])}: not a slot in [0, {n})"
+                    raise _err(work.name, rule)
+                phys = w
+        for spec in (*others, *((track,) if track is not None else ())):
+            v = ids(spec)
+            if v is None:
                 continue
-            low, high = torch.aminmax(t)  # one pass; the row only when out of range
-            if int(low) >= -1 and int(high) < bound:
-                continue
-            bad = (t < -1) | (t >= bound)
-            r = int(bad.nonzero()[0, 0])
-            raise _err(
-                name, f"row {r} holds {int(t[r])}: not -1 (pad) nor a {kind} in [0, {bound})"
-            )
+            pad = _pad_of(spec)
+            bad = np.flatnonzero((v != pad) & ((v < 0) | (v >= n)))
+            if bad.shape[0]:
+                r = int(bad[0])
+                raise _err(
+                    spec.name, f"row {r} holds {int(v[r])}: not {pad} (pad) nor a slot in [0, {n})"
+                )
+        if phys is not None:
+            assert work is not None
+            order = np.argsort(phys, kind="stable")
+            same = np.flatnonzero(phys[order][1:] == phys[order][:-1])
+            if same.shape[0]:
+                a, b = int(order[same[0]]), int(order[same[0] + 1])
+                raise _err(
+                    work.name,
+                    f"rows {a} and {b} hold the same slot {int(phys[a])}{through}: two rows "
+                    "would update one state",
+                )
+        t = ids(track)
+        m = ids(mask)
+        if track is not None and mask is not None and t is not None and m is not None:
+            pad = _pad_of(track)
+            flagged: list[int] = np.flatnonzero(m).tolist()
+            for row in flagged:  # the failure path only: name the first broken rule
+                if t[row] == pad:
+                    raise _err(
+                        track.name,
+                        f"row {row} is {pad} (none) but {mask.name} flags it: a flagged "
+                        "row needs a track slot",
+                    )
+            seen: dict[int, int] = {}
+            for row in flagged:
+                s = int(t[row])
+                if s in seen:
+                    raise _err(
+                        track.name,
+                        f"rows {seen[s]} and {row}, both flagged in {mask.name}, save into "
+                        f"the same track slot {s}",
+                    )
+                seen[s] = row
+            if phys is not None:
+                assert work is not None
+                owner = {int(s): i for i, s in enumerate(phys)}
+                for row in flagged:
+                    j = owner.get(int(t[row]))
+                    if j is not None:
+                        whose = (
+                            f"its own {work.name}" if j == row else f"the {work.name} of row {j}"
+                        )
+                        raise _err(
+                            track.name,
+                            f"row {row} (flagged in {mask.name}) saves into slot "
+                            f"{int(t[row])}, {whose}{through}: the save would overwrite live "
+                            "state",
+                        )
+        raise AssertionError(  # the generated check and these rules disagree: a bug here
+            f"StaticBuffers.refresh: the slot check refused the step but no rule names why "
+            f"(step {step!r})"
+        )
 
     def _validate_values(
         self, step: ForwardMetadata, t: int, inputs: Mapping[str, torch.Tensor]
@@ -804,6 +1155,13 @@ class StaticBuffers:
             overrides=physical,
             where=f"StaticBuffers.refresh: {type(step).__qualname__}",
         )
+        # The step classes' own debug rules (a commit's draft columns in [-1, T), ...):
+        # every class's __validate_debug__ hook, bases first, as on construction.
+        for hook in _hooks(self._step_class, "__validate_debug__"):
+            try:
+                hook(step)
+            except ValueError as e:
+                raise ValueError(f"StaticBuffers.refresh: {e}") from e
         qsl = step.query_start_loc
         if bool(((qsl[1:] - qsl[:-1]) != t).any()):
             raise _err("query_start_loc", f"must give every row {t} token(s)")
@@ -968,7 +1326,7 @@ class StaticBuffers:
         own = [set(self._added_names(cls)) for cls in self._chain[1:]]
         derived = set().union(*own) if own else set()
         kwargs.update({n: v for n, v in fields.items() if n not in derived})
-        fwd = ForwardMetadata(**kwargs)
+        fwd = self.source(**kwargs)
         md = prepare_target_verify(fwd) if self.is_target_verify else prepare_decode(fwd)
         for cls, names in zip(self._chain[1:], own, strict=True):
             md = cls.evolve_from(md, **{n: fields[n] for n in names})  # type: ignore[attr-defined]

@@ -93,36 +93,63 @@ class GraphRunner:
         self.warmup = warmup
         self._graphs: dict[Bucket, CapturedGraph[Mapping[str, torch.Tensor]]] = {}
         self._captured_md: dict[Bucket, Mamba2Metadata] = {}
+        self._complete = False
+        # (bucket, error) of a capture() that failed part way; cleared by the next capture().
+        self._capture_error: tuple[Bucket, str] | None = None
 
     @property
     def captured(self) -> bool:
-        """Whether every bucket has been captured."""
-        return len(self._graphs) == len(self.buckets) * len(self.draft_buckets)
+        """Whether every bucket has been captured (by the last :meth:`capture`, which did
+        not fail)."""
+        return self._complete
 
     def capture(self) -> None:
         """Capture every bucket, largest first (smaller graphs reuse its memory pool).
 
         Capture runs on metadata whose rows are all padding, so warm-up and the emulated
-        capture (which executes the ops once) write no state.
+        capture (which executes the ops once) write no state. A capture that fails part way
+        leaves the runner with no graph: :meth:`run` and :meth:`graph` then refuse, naming
+        the bucket and the error, until a later ``capture()`` succeeds.
         """
-        for cols in sorted(self.draft_buckets, reverse=True):
-            for rows in sorted(self.buckets, reverse=True):
-                key = (rows, cols)
-                md = self.buffers.pad_all(key)
-                views = self.buffers.views(key)
+        self._graphs, self._captured_md = {}, {}
+        self._complete, self._capture_error = False, None
+        graphs: dict[Bucket, CapturedGraph[Mapping[str, torch.Tensor]]] = {}
+        captured_md: dict[Bucket, Mamba2Metadata] = {}
+        key: Bucket = (self.buckets[-1], self.draft_buckets[-1])
+        try:
+            for cols in sorted(self.draft_buckets, reverse=True):
+                for rows in sorted(self.buckets, reverse=True):
+                    key = (rows, cols)
+                    md = self.buffers.pad_all(key)
+                    views = self.buffers.views(key)
 
-                def call(
-                    md: Mamba2Metadata = md, views: Mapping[str, torch.Tensor] = views
-                ) -> Mapping[str, torch.Tensor]:
-                    return self.step(md, views)
+                    def call(
+                        md: Mamba2Metadata = md, views: Mapping[str, torch.Tensor] = views
+                    ) -> Mapping[str, torch.Tensor]:
+                        return self.step(md, views)
 
-                # Syncing debug checks inside the step (kernel ops check index ranges in
-                # debug mode) cannot be captured; refresh runs its own checks outside.
-                with debug_mode(False):
-                    graph = self.backend.capture(call, warmup=self.warmup)
-                self._check_outputs(key, graph.outputs)
-                self._graphs[key] = graph
-                self._captured_md[key] = md
+                    # Syncing debug checks inside the step (kernel ops check index ranges
+                    # in debug mode) cannot be captured; refresh runs its own outside.
+                    with debug_mode(False):
+                        graph = self.backend.capture(call, warmup=self.warmup)
+                    self._check_outputs(key, graph.outputs)
+                    graphs[key] = graph
+                    captured_md[key] = md
+        except BaseException as e:
+            self._capture_error = (key, f"{type(e).__name__}: {e}")
+            raise
+        self._graphs, self._captured_md = graphs, captured_md
+        self._complete = True
+
+    def _refuse_incomplete(self, where: str) -> RuntimeError:
+        if self._capture_error is not None:
+            key, error = self._capture_error
+            return RuntimeError(
+                f"{where}: the last capture() failed at bucket {key} ({error}); a runner "
+                "without every bucket's graph refuses to run (nothing was written); fix the "
+                "cause and call capture() again"
+            )
+        return RuntimeError(f"{where}: call capture() first")
 
     def _check_outputs(self, key: Bucket, outputs: Mapping[str, torch.Tensor]) -> None:
         rows, cols = key
@@ -138,13 +165,21 @@ class GraphRunner:
         self, bucket: int, draft: int | None = None
     ) -> CapturedGraph[Mapping[str, torch.Tensor]]:
         """The captured graph of ``(bucket, draft)`` (default ``draft``: the widest), e.g.
-        to replay it alone in a benchmark."""
+        to replay it alone in a benchmark.
+
+        Its ``replay()`` refuses (``RuntimeError``, nothing replayed) unless the buffers
+        hold exactly this bucket (:attr:`StaticBuffers.refreshed_bucket`: the last
+        ``buffers.refresh(step, bucket)`` or ``run`` was for it): any other bucket's graph
+        would read rows another step left behind. Replaying it again after its refresh
+        re-applies the same step (a benchmark's loop)."""
+        if not self._complete:
+            raise self._refuse_incomplete("GraphRunner.graph")
         key = (bucket, draft if draft is not None else self.draft_buckets[-1])
         if key not in self._graphs:
             raise KeyError(
                 f"GraphRunner.graph: bucket {key} not captured; have {sorted(self._graphs)}"
             )
-        return self._graphs[key]
+        return _BucketGraph(self, key, self._graphs[key])
 
     def bucket_for(self, bs: int) -> int:
         """The captured batch-size bucket that serves ``bs`` rows."""
@@ -172,8 +207,13 @@ class GraphRunner:
             them), except per-token outputs of a step whose ``t`` was padded to a wider
             bucket: those are gathered into a new tensor.
         """
-        if not self._graphs:
-            raise RuntimeError("GraphRunner.run: call capture() first")
+        if not self._complete:
+            raise self._refuse_incomplete("GraphRunner.run")
+        if not isinstance(step, ForwardMetadata):
+            raise TypeError(
+                f"GraphRunner.run: step must be a ForwardMetadata (or the buffers' metadata "
+                f"class), got {type(step).__qualname__}"
+            )
         bs = int(step.mamba_cache_indices.shape[0])
         if not 0 < bs <= self.buffers.max_bs:
             raise ValueError(
@@ -208,3 +248,41 @@ class GraphRunner:
                 raise RuntimeError(
                     f"GraphRunner: refreshed {name} is not the view captured for bucket {key}"
                 )
+
+
+class _BucketGraph(CapturedGraph[Mapping[str, torch.Tensor]]):
+    """A captured bucket as :meth:`GraphRunner.graph` hands it out: it replays only while
+    the buffers hold its bucket, and only while it is the runner's current graph."""
+
+    def __init__(
+        self, runner: GraphRunner, key: Bucket, graph: CapturedGraph[Mapping[str, torch.Tensor]]
+    ) -> None:
+        super().__init__(graph.outputs)
+        self._runner = runner
+        self._key = key
+        self._graph = graph
+
+    def replay(self) -> None:
+        runner, key = self._runner, self._key
+        where = f"GraphRunner.graph{key}.replay"
+        if not runner._complete:
+            raise runner._refuse_incomplete(where)
+        if runner._graphs.get(key) is not self._graph:
+            raise RuntimeError(
+                f"{where}: this graph belongs to an earlier capture(); take the current one "
+                "from runner.graph(...)"
+            )
+        held = runner.buffers.refreshed_bucket
+        if held != key:
+            now = (
+                "no complete bucket (nothing refreshed since capture, or a write failed)"
+                if held is None
+                else f"bucket {held}"
+            )
+            raise RuntimeError(
+                f"{where}: the static buffers hold {now}, not {key}: this graph would read "
+                f"rows that no refresh for it wrote (another step's slots and inputs); call "
+                f"buffers.refresh(step, {key}) first, or runner.run(step), which refreshes the "
+                "bucket it replays"
+            )
+        self._graph.replay()

@@ -23,9 +23,9 @@ is NaN) and recorded in the device's error record, which :func:`check_errors` /
 :func:`raise_if_faulted` read at a sync point (``docs/kernels.md``, "Pad ids, invalid ids
 and the error record").
 
-On a machine without CUDA the Triton kernels run under the Triton interpreter: importing
-``hybridmeta`` sets ``TRITON_INTERPRET=1`` (unless already set) before any kernel is
-decorated.
+A Triton kernel launched on CPU tensors runs in the Triton interpreter, on CUDA tensors
+compiled: decided per launch (:mod:`hybridmeta._interpret`), whatever the import order;
+importing hybridmeta sets no environment variable.
 """
 
 from __future__ import annotations

@@ -64,9 +64,7 @@ class SsmLaunchConfig:
                     f"SsmLaunchConfig: tile_rows_from rows must be powers of two, got {rows}"
                 )
         if any(a[0] >= b[0] for a, b in itertools.pairwise(value)):
-            raise ValueError(
-                f"SsmLaunchConfig: tile_rows_from must ascend in min_bs, got {value}"
-            )
+            raise ValueError(f"SsmLaunchConfig: tile_rows_from must ascend in min_bs, got {value}")
 
     def rows_per_program(self, bs: int) -> int:
         """Rows a program of the one-tile kernel owns in a launch of ``bs`` rows."""

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import os
+import threading
 from collections.abc import Iterator
 from typing import Literal
 
 import torch
-from torch.utils._python_dispatch import _get_current_dispatch_mode
+from torch._C import _len_torch_dispatch_stack
 
 __all__ = [
     "ALWAYS_DISPATCH",
@@ -36,6 +36,10 @@ __all__ = [
 #: ``"auto"``: Triton on CUDA, the reference elsewhere.
 Impl = Literal["auto", "triton", "reference"]
 _DEFAULT: contextvars.ContextVar[Impl] = contextvars.ContextVar("hybridmeta_impl", default="auto")
+# The same default, per thread, for code torch.compile traces: Dynamo cannot read a
+# context variable (a graph break) but reads and guards a thread-local attribute, so a
+# compiled function recompiles when the block around it names another implementation.
+_TRACED = threading.local()
 
 #: Force every Triton launch through the torch dispatcher (tests compare the two paths).
 ALWAYS_DISPATCH = False
@@ -43,7 +47,8 @@ ALWAYS_DISPATCH = False
 
 @contextlib.contextmanager
 def implementation(impl: Impl) -> Iterator[None]:
-    """Make ``impl`` the default of every op call inside the block (thread- and task-local).
+    """Make ``impl`` the default of every op call inside the block (thread- and task-local;
+    in code that ``torch.compile`` traces, thread-local, and a change recompiles).
 
     Example: run the runtime's decode through the Triton kernels on the CPU interpreter::
 
@@ -51,29 +56,32 @@ def implementation(impl: Impl) -> Iterator[None]:
             ...
     """
     if impl not in ("auto", "triton", "reference"):
-        raise ValueError(f"implementation: impl must be 'auto', 'triton' or 'reference', got {impl!r}")
+        raise ValueError(
+            f"implementation: impl must be 'auto', 'triton' or 'reference', got {impl!r}"
+        )
     token = _DEFAULT.set(impl)
+    outer = getattr(_TRACED, "impl", "auto")
+    _TRACED.impl = impl
     try:
         yield
     finally:
+        _TRACED.impl = outer
         _DEFAULT.reset(token)
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "") not in ("", "0")
 
 
 def resolve(op: str, impl: Impl | None, device: torch.device) -> Literal["triton", "reference"]:
     """The implementation an op call runs on tensors of ``device``."""
-    choice = impl if impl is not None else _DEFAULT.get()
+    if impl is not None:
+        choice = impl
+    elif torch.compiler.is_compiling():
+        choice = getattr(_TRACED, "impl", "auto")
+    else:
+        choice = _DEFAULT.get()
     if choice == "auto":
         return "triton" if device.type == "cuda" else "reference"
     if choice == "triton":
-        if device.type != "cuda" and not _interpreting():
-            raise ValueError(
-                f"{op}: impl='triton' on {device} tensors needs the Triton interpreter "
-                "(TRITON_INTERPRET=1 before hybridmeta is imported); use impl='reference'"
-            )
+        # On a device other than CUDA the launch runs in the Triton interpreter
+        # (hybridmeta._interpret), decided per launch.
         return "triton"
     if choice == "reference":
         return "reference"
@@ -83,16 +91,21 @@ def resolve(op: str, impl: Impl | None, device: torch.device) -> Literal["triton
 def observed(t: torch.Tensor) -> bool:
     """Whether a launch must go through its ``torch.library`` op.
 
-    It must whenever something could watch or transform it: an active ``TorchDispatchMode``
-    (graph recording, fake tensors), ``torch.compile`` tracing, or a tensor subclass. With
-    none of those the op would only add dispatcher overhead (tens of microseconds of host
-    time per call), so the kernel is launched directly; the launch is the same either way.
+    It must whenever something could watch or transform it: ``torch.compile`` tracing, an
+    active ``TorchDispatchMode`` (graph recording, fake tensors), or a tensor subclass.
+    With none of those the op would only add dispatcher overhead (tens of microseconds of
+    host time per call), so the kernel is launched directly; the launch is the same either
+    way.
+
+    ``torch.compiler.is_compiling()`` comes first: Dynamo folds it to ``True`` and traces
+    nothing after it (the dispatch-mode stack is not something it can put in a graph: it
+    would break the graph there).
     """
     return (
-        ALWAYS_DISPATCH
+        torch.compiler.is_compiling()
+        or ALWAYS_DISPATCH
         or type(t) is not torch.Tensor
-        or _get_current_dispatch_mode() is not None
-        or torch.compiler.is_compiling()
+        or _len_torch_dispatch_stack() > 0
     )
 
 

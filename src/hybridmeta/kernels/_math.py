@@ -16,7 +16,8 @@ recurrence chunk-wise (:mod:`hybridmeta.kernels.ssd_scan`).
 
 from __future__ import annotations
 
-import attrs
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
@@ -32,9 +33,9 @@ __all__ = [
 ]
 
 
-@attrs.frozen(kw_only=True)
-class SSMParams:
-    """Per-layer SSM parameters of the prefill scan.
+class SSMParams(NamedTuple):
+    """Per-layer SSM parameters of the prefill scan (a named tuple: code that
+    ``torch.compile`` traces can build one).
 
     Parameters
     ----------

@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from hybridmeta._interpret import launchable
 from hybridmeta.kernels._dispatch import Impl, no_output_fake, observed, resolve
 from hybridmeta.kernels._launch import DirectLauncher
 from hybridmeta.kernels._validate import FLOAT_DTYPES, check_tensor
@@ -58,7 +59,7 @@ def launch_relu_square(x: torch.Tensor, out: torch.Tensor) -> None:
     _LAUNCHER.launch(
         var, grid, key, dev, aligned,
         lambda: (*ptrs, n_cols, *strides, _BLOCK),
-        lambda g: _relu_square_kernel[g](x, out, n_cols, *strides, BLOCK=_BLOCK, num_warps=4),
+        lambda g: launchable(_relu_square_kernel, x.device)[g](x, out, n_cols, *strides, BLOCK=_BLOCK, num_warps=4),
     )  # fmt: skip
 
 
@@ -90,7 +91,9 @@ def relu_square(
     """
     op = "relu_square"
     if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{op}: `x` must be a torch.Tensor [tokens, features], got {type(x).__name__}")
+        raise TypeError(
+            f"{op}: `x` must be a torch.Tensor [tokens, features], got {type(x).__name__}"
+        )
     check_tensor(op, "x", x, shape=(None, None), dtypes=FLOAT_DTYPES, device=x.device,
                  dims="[tokens, features]")  # fmt: skip
     _check_inner(op, "x", x)

@@ -47,9 +47,10 @@ import torch
 import triton
 import triton.language as tl
 
+from hybridmeta._interpret import launchable, runs_interpreted
 from hybridmeta.debug import is_debug
 from hybridmeta.kernels._config import TL_DTYPE, cdiv, pow2_ceil
-from hybridmeta.kernels._dispatch import Impl, _interpreting, no_output_fake, observed, resolve
+from hybridmeta.kernels._dispatch import Impl, no_output_fake, observed, resolve
 from hybridmeta.kernels._errors import (
     NO_FAULT,
     TAG,
@@ -468,7 +469,7 @@ def launch_kv_cache_write(
     _WRITE_LAUNCHER.launch(
         var, (B * T, cdiv(kv_heads, block_h), 1), key, dev, aligned,
         lambda: (*ptrs, T, n_slots, max_len, kv_heads, *strides, head_dim, block_h, block_d),
-        lambda g: _kv_cache_write_kernel[g](
+        lambda g: launchable(_kv_cache_write_kernel, k.device)[g](
             k, v, k_cache, v_cache, slots, positions, err, T, n_slots, max_len, kv_heads,
             *strides,
             HEAD_DIM=head_dim, BLOCK_H=block_h, BLOCK_D=block_d, num_warps=4,
@@ -512,7 +513,7 @@ def launch_decode_attention(
     # accumulate. fp32 caches: exact fp32 products (tl.dot would take TF32 inputs by
     # default); so under the interpreter too, whose bf16 tl.dot is wrong (it multiplies
     # the raw bits), with the operands widened exactly.
-    dot_f32 = k_cache.dtype == torch.float32 or _interpreting()
+    dot_f32 = k_cache.dtype == torch.float32 or runs_interpreted(_decode_attention_kernel, q.device)
     strides = (
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *positions.stride(), *out.stride(),
     )  # fmt: skip
@@ -544,7 +545,7 @@ def launch_decode_attention(
         var, (B * T, kv_heads, n_split), key, dev, aligned,
         lambda: (*all_ptrs, T, n_slots, max_len, scale, split_keys, *strides, group, head_dim,
                  dot_f32, block_q, bn, block_d, split),
-        lambda g: _decode_attention_kernel[g](
+        lambda g: launchable(_decode_attention_kernel, q.device)[g](
             q, k_cache, v_cache, slots, positions, out, part_o, part_ml, err, T, n_slots,
             max_len, scale, split_keys, *strides, GROUP=group, HEAD_DIM=head_dim, DOT_F32=dot_f32, BLOCK_Q=block_q,
             BLOCK_N=bn, BLOCK_D=block_d, SPLIT=split, num_warps=4,
@@ -562,7 +563,7 @@ def launch_decode_attention(
     _COMBINE_LAUNCHER.launch(
         cvar, (B * T, kv_heads, 1), ckey, dev, caligned,
         lambda: (*cptrs, T, n_split, *o_strides, group, head_dim, block_q, block_d, cache_dtype),
-        lambda g: _attention_combine_kernel[g](
+        lambda g: launchable(_attention_combine_kernel, out.device)[g](
             part_o, part_ml, out, T, n_split, *o_strides, GROUP=group, HEAD_DIM=head_dim,
             BLOCK_Q=block_q, BLOCK_D=block_d, CACHE_DTYPE=cache_dtype, num_warps=4,
         ),
@@ -650,9 +651,7 @@ def _check_values(
         check_index_range(op, "slots", slots, num_slots)
     except ValueError as e:
         row = int(((slots != -1) & ((slots < 0) | (slots >= num_slots))).nonzero()[0, 0])
-        raise SlotIndexError(
-            str(e), op=op, field="slots", row=row, value=int(slots[row])
-        ) from None
+        raise SlotIndexError(str(e), op=op, field="slots", row=row, value=int(slots[row])) from None
     bad = (slots >= 0)[:, None] & ((positions < 0) | (positions >= max_len))
     if bool(bad.any()):
         b, t = (int(i) for i in bad.nonzero()[0])

@@ -16,11 +16,18 @@ pad id nor in ``[0, slots)`` reads and writes nothing, its initial window is NaN
 outputs that reach into it) and the fault goes to the device's error record
 (:mod:`hybridmeta.kernels._errors`); with CPU tensors (nothing to sync) or in debug mode the
 op raises :class:`~hybridmeta.kernels.SlotIndexError` before writing.
+
+The conv is the ``torch.library`` op ``hybridmeta::causal_conv1d_prefill`` (the plan's
+tensors as arguments, ``conv_state`` and the error record declared mutated, a fake that
+gives the outputs' shapes), so ``torch.compile`` sees one opaque op whatever the plan's
+shapes; the public function checks the arguments before it and wraps the op's two tensors
+into :class:`ConvPrefillOutput` after it.
 """
 
 from __future__ import annotations
 
-import attrs
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
@@ -44,9 +51,8 @@ _OP = "causal_conv1d_prefill"
 __all__ = ["ConvPrefillOutput", "causal_conv1d_prefill", "extended_conv_input"]
 
 
-@attrs.frozen(kw_only=True)
-class ConvPrefillOutput:
-    """Result of :func:`causal_conv1d_prefill`.
+class ConvPrefillOutput(NamedTuple):
+    """Result of :func:`causal_conv1d_prefill` (a named tuple: ``torch.compile`` builds it).
 
     Attributes
     ----------
@@ -155,15 +161,44 @@ def causal_conv1d_prefill(
             f"{_OP}: the metadata's slots must be on the pool's device {dev}, got {slots.device}"
         )
     pad = pad_slot_of(md)
-    keys, read, write = prefill_slot_faults(num_slots, pad, slots)
+    keys, _, _ = prefill_slot_faults(num_slots, pad, slots)
     if is_debug() or (dev.type == "cpu" and not observed(conv_state)):
         host_check(_OP, keys, pad, num_slots)
 
+    run = torch.ops.hybridmeta.causal_conv1d_prefill if observed(conv_state) else _conv_prefill_impl
+    out, init = run(
+        xbc, weight, bias, conv_state, slots, mixed.has_initial_states,
+        mixed.conv.token_windows, mixed.conv.final_windows, activation == "silu", pad,
+        record_for(conv_state),
+    )  # fmt: skip
+    return ConvPrefillOutput(out=out, init_windows=init)
+
+
+# --------------------------------------------------------------------------- custom op
+
+
+def _conv_prefill_impl(
+    xbc: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    conv_state: torch.Tensor,
+    slots: torch.Tensor,
+    has_initial_states: torch.Tensor,
+    token_windows: torch.Tensor,
+    final_windows: torch.Tensor,
+    silu: bool,
+    pad: int,
+    errors: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The conv on checked arguments: ``(out [T, dim], init_windows [R, K-1, dim])``."""
+    T, dim = xbc.shape
+    num_slots = conv_state.shape[0]
+    keys, read, write = prefill_slot_faults(num_slots, pad, slots)
     if num_slots:
         init = conv_state.index_select(0, torch.where(read, slots, 0))  # [R, dim, K-1]
     else:
-        init = conv_state.new_zeros(slots.shape[0], dim, K - 1)
-    init = torch.where((read & mixed.has_initial_states)[:, None, None], init, 0)
+        init = conv_state.new_zeros(slots.shape[0], dim, conv_state.shape[2])
+    init = torch.where((read & has_initial_states)[:, None, None], init, 0)
     # A row with an invalid slot starts from a NaN window (its outputs that reach into it
     # are NaN); it writes nothing back.
     init = torch.where((keys != NO_FAULT)[:, None, None], float("nan"), init)
@@ -173,11 +208,36 @@ def causal_conv1d_prefill(
     acc = torch.zeros(T, dim, dtype=torch.float32, device=xbc.device)
     if bias is not None:
         acc = acc + bias.float()
-    for k in range(K):  # K taps (a constant, not a loop over rows)
-        acc = acc + ext.index_select(0, mixed.conv.token_windows[:, k]).float() * w[:, k]
-    out = F.silu(acc) if activation == "silu" else acc
-    final = ext[mixed.conv.final_windows]  # [R, K-1, dim]
+    for k in range(token_windows.shape[1]):  # K taps (a constant, not a loop over rows)
+        acc = acc + ext.index_select(0, token_windows[:, k]).float() * w[:, k]
+    out = F.silu(acc) if silu else acc
+    final = ext[final_windows]  # [R, K-1, dim]
     index_copy_rows_(conv_state, slots, final.transpose(1, 2), write)
-    record_(record_for(conv_state), _OP, keys, pad, num_slots)
-    return ConvPrefillOutput(out=out.to(xbc.dtype), init_windows=init)
+    record_(errors, _OP, keys, pad, num_slots)
+    return out.to(xbc.dtype), init
 
+
+def _conv_prefill_fake(
+    xbc: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    conv_state: torch.Tensor,
+    slots: torch.Tensor,
+    has_initial_states: torch.Tensor,
+    token_windows: torch.Tensor,
+    final_windows: torch.Tensor,
+    silu: bool,
+    pad: int,
+    errors: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    T, dim = xbc.shape
+    init = conv_state.new_empty(slots.shape[0], conv_state.shape[2], dim)
+    return xbc.new_empty(T, dim), init
+
+
+_conv_prefill_op = torch.library.custom_op(
+    "hybridmeta::causal_conv1d_prefill",
+    _conv_prefill_impl,
+    mutates_args=("conv_state", "errors"),
+)
+_conv_prefill_op.register_fake(_conv_prefill_fake)

@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from hybridmeta._interpret import launchable
 from hybridmeta.debug import is_debug
 from hybridmeta.kernels._config import ConvLaunchConfig, cdiv, conv_launch_config, pow2_ceil
 from hybridmeta.kernels._dispatch import Impl, no_output_fake, observed, resolve
@@ -220,7 +221,7 @@ def launch_conv_update(
     _LAUNCHER.launch(
         var, grid, key, dev, aligned,
         lambda: (*ptrs, bs, pad_slot_id, n_slots, *ints, *flags),
-        lambda g: _conv_update_kernel[g](
+        lambda g: launchable(_conv_update_kernel, x.device)[g](
             x, conv_state, weight, bias, out, slot_indices, err, bs, pad_slot_id, n_slots, *ints,
             WIDTH=width, HAS_BIAS=bias is not None, SILU=silu, ROWS=cfg.rows,
             BLOCK_C=cfg.block_c, BLOCK_K=flags[5], num_warps=cfg.num_warps,
@@ -294,9 +295,7 @@ def causal_conv1d_update_reference(
     poison = torch.where(keys != NO_FAULT, float("nan"), 0.0)[:, None]
     out.copy_(torch.where(live[:, None], y, poison).to(out.dtype))
     scatter_rows_(conv_state, 0, slot_indices, new, live)
-    record_(
-        errors if errors is not None else record_for(conv_state), _OP, keys, pad_slot_id, slots
-    )
+    record_(errors if errors is not None else record_for(conv_state), _OP, keys, pad_slot_id, slots)
 
 
 def conv_faults(

@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from hybridmeta._interpret import launchable
 from hybridmeta.debug import is_debug
 from hybridmeta.kernels._config import ConvLaunchConfig, cdiv, conv_launch_config, pow2_ceil
 from hybridmeta.kernels._dispatch import Impl, no_output_fake, observed, on_device, resolve
@@ -125,9 +126,9 @@ def _conv_verify_kernel(
     for j in tl.static_range(WIDTH):
         nodes = tl.where(o_k == WIDTH - 1 - j, node, nodes)
         if HAS_PARENT:
-            par = tl.load(
-                parent_ptr + i_b * stride_par_b + tl.maximum(node, 0) * stride_par_t
-            ).to(tl.int64)
+            par = tl.load(parent_ptr + i_b * stride_par_b + tl.maximum(node, 0) * stride_par_t).to(
+                tl.int64
+            )
             # Anything but an earlier token reads as a root (memory-safe; debug mode refuses it).
             par = tl.maximum(tl.where(par < node, par, -1), -1)
             node = tl.where(node >= 0, par, node - 1)
@@ -239,7 +240,7 @@ def launch_conv_verify(
     cfg = config if config is not None else conv_launch_config(dim)
     par_strides = parent.stride() if parent is not None else (0, 0)
     grid = (cdiv(dim, cfg.block_c), T, bs)
-    _conv_verify_kernel[grid](
+    launchable(_conv_verify_kernel, x.device)[grid](
         x_ptr=x,
         conv_state_ptr=conv_state,
         weight_ptr=weight,

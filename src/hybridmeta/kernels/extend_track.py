@@ -13,6 +13,10 @@ A boundary whose track slot is the metadata's pad id saves nothing ("no track sl
 whose track slot (or its row's working slot) is neither the pad id nor in ``[0, slots)``
 saves nothing and the fault goes to the device's error record (:mod:`hybridmeta.kernels._errors`); with CPU tensors or
 in debug mode the op raises :class:`~hybridmeta.kernels.SlotIndexError` before writing.
+
+The save is the ``torch.library`` op ``hybridmeta::extend_track_save`` (the plan's tensors
+as arguments, both pools and the error record declared mutated); the public function checks
+the arguments before it.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from hybridmeta.debug import is_debug
-from hybridmeta.kernels._dispatch import observed
+from hybridmeta.kernels._dispatch import no_output_fake, observed
 from hybridmeta.kernels._errors import fault_keys, host_check, record_, record_for
 from hybridmeta.kernels._math import index_copy_rows_
 from hybridmeta.kernels._validate import check_pool, check_slots, pad_slot_of, slot_kinds
@@ -105,8 +109,7 @@ def extend_track_save(
     track = md.mamba_track_indices
     if track is None:
         raise ValueError(
-            "extend_track_save: the metadata plans track boundaries but has no "
-            "mamba_track_indices"
+            "extend_track_save: the metadata plans track boundaries but has no mamba_track_indices"
         )
     if scan.tracked_h.shape[0] != n_h or scan.recomputed.shape[0] != n_rc:
         raise ValueError(
@@ -118,23 +121,76 @@ def extend_track_save(
             f"{_OP}: `xbc` and the metadata must be on the pools' device {ssm_state.device}, "
             f"got {xbc.device} and {track.device}"
         )
-    rows = torch.cat([tr.h_rows, tr.recompute_rows])  # the boundaries' metadata rows
-    mid_dst = track.index_select(0, rows)
-    mid_src = md.mamba_cache_indices.index_select(0, rows)
     pad = pad_slot_of(md)
+    if is_debug() or (ssm_state.device.type == "cpu" and not observed(ssm_state)):
+        keys, _ = _track_faults(
+            md.mamba_cache_indices, track, tr.h_rows, tr.recompute_rows, num_slots, pad
+        )
+        host_check(_OP, keys, pad, num_slots)
+    run = torch.ops.hybridmeta.extend_track_save if observed(ssm_state) else _extend_track_impl
+    run(
+        xbc, conv.init_windows, scan.tracked_h, scan.recomputed, conv_state, ssm_state, track,
+        md.mamba_cache_indices, tr.h_rows, tr.recompute_rows, tr.windows, pad,
+        record_for(ssm_state),
+    )  # fmt: skip
+
+
+def _track_faults(
+    cache_indices: torch.Tensor,
+    track_indices: torch.Tensor,
+    h_rows: torch.Tensor,
+    recompute_rows: torch.Tensor,
+    num_slots: int,
+    pad: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(keys, ok)`` per boundary: its fault key, and whether it may be saved (no sync)."""
+    rows = torch.cat([h_rows, recompute_rows])  # the boundaries' metadata rows
+    mid_dst = track_indices.index_select(0, rows)
+    mid_src = cache_indices.index_select(0, rows)
     # A boundary of a row whose working slot is invalid holds a poisoned state: not saved.
     src_pad, src_ok = slot_kinds(mid_src, num_slots, pad)
     pad_rows, ok = slot_kinds(mid_dst, num_slots, pad)
     keys = fault_keys(
         [(~src_pad & ~src_ok, 0, mid_src), (src_ok & ~pad_rows & ~ok, 1, mid_dst)], rows=rows
     )
-    ok = ok & src_ok
-    if is_debug() or (ssm_state.device.type == "cpu" and not observed(ssm_state)):
-        host_check(_OP, keys, pad, num_slots)
-    windows = _gather_extended(xbc, conv.init_windows, tr.windows)  # [n_mid, K-1, dim]
-    index_copy_rows_(conv_state, mid_dst, windows.transpose(1, 2), ok)
-    states = torch.cat([scan.tracked_h, scan.recomputed]) if n_h and n_rc else (
-        scan.tracked_h if n_h else scan.recomputed
+    return keys, ok & src_ok
+
+
+# --------------------------------------------------------------------------- custom op
+
+
+def _extend_track_impl(
+    xbc: torch.Tensor,
+    init_windows: torch.Tensor,
+    tracked_h: torch.Tensor,
+    recomputed: torch.Tensor,
+    conv_state: torch.Tensor,
+    ssm_state: torch.Tensor,
+    track_indices: torch.Tensor,
+    cache_indices: torch.Tensor,
+    h_rows: torch.Tensor,
+    recompute_rows: torch.Tensor,
+    windows: torch.Tensor,
+    pad: int,
+    errors: torch.Tensor,
+) -> None:
+    """The save on checked arguments (at least one boundary)."""
+    n_h, n_rc = tracked_h.shape[0], recomputed.shape[0]
+    num_slots = ssm_state.shape[0]
+    keys, ok = _track_faults(cache_indices, track_indices, h_rows, recompute_rows, num_slots, pad)
+    mid_dst = track_indices.index_select(0, torch.cat([h_rows, recompute_rows]))
+    win = _gather_extended(xbc, init_windows, windows)  # [n_mid, K-1, dim]
+    index_copy_rows_(conv_state, mid_dst, win.transpose(1, 2), ok)
+    states = (
+        torch.cat([tracked_h, recomputed]) if n_h and n_rc else (tracked_h if n_h else recomputed)
     )
     index_copy_rows_(ssm_state, mid_dst, states, ok)
-    record_(record_for(ssm_state), _OP, keys, pad, num_slots)
+    record_(errors, _OP, keys, pad, num_slots)
+
+
+_extend_track_op = torch.library.custom_op(
+    "hybridmeta::extend_track_save",
+    _extend_track_impl,
+    mutates_args=("conv_state", "ssm_state", "errors"),
+)
+_extend_track_op.register_fake(no_output_fake)

@@ -29,8 +29,9 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from hybridmeta._interpret import launchable, runs_interpreted
 from hybridmeta.kernels._config import cdiv
-from hybridmeta.kernels._dispatch import Impl, _interpreting, no_output_fake, observed, resolve
+from hybridmeta.kernels._dispatch import Impl, no_output_fake, observed, resolve
 from hybridmeta.kernels._launch import DirectLauncher
 from hybridmeta.kernels._validate import FLOAT_DTYPES, check_tensor
 from hybridmeta.kernels.activations import relu_square, relu_square_reference
@@ -125,7 +126,7 @@ def launch_gemv(
     _LAUNCHER.launch(
         var, (triton.cdiv(n, block_n), 1, 1), key, dev, aligned,
         lambda: (*ptrs, n, k, stride_w, has_bias, relu2, block_n, block_k),
-        lambda g: _gemv_kernel[g](
+        lambda g: launchable(_gemv_kernel, x.device)[g](
             x, weight, bias, out, n, k, stride_w, HAS_BIAS=has_bias, RELU2=relu2,
             BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4, num_stages=3,
         ),
@@ -309,7 +310,7 @@ def launch_skinny(
     stride_w = weight.stride(0)
     # bf16 / fp16 on a GPU: tensor-core products, fp32 accumulate. fp32: exact products;
     # so under the interpreter too (its bf16 tl.dot is wrong), the operands widened exactly.
-    dot_f32 = x.dtype == torch.float32 or _interpreting()
+    dot_f32 = x.dtype == torch.float32 or runs_interpreted(_skinny_kernel, x.device)
     ptrs = (x.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(),
             out.data_ptr())  # fmt: skip
     aligned = all(p is None or p & 15 == 0 for p in ptrs)
@@ -323,7 +324,7 @@ def launch_skinny(
         var, (cdiv(n, c.block_n), 1, 1), key, dev, aligned,
         lambda: (*ptrs, m, n, k, stride_x, stride_w, stride_y, has_bias, relu2, dot_f32,
                  c.swap_ab, SKINNY_MAX_ROWS, c.block_n, c.block_k),
-        lambda g: _skinny_kernel[g](
+        lambda g: launchable(_skinny_kernel, x.device)[g](
             x, weight, bias, out, m, n, k, stride_x, stride_w, stride_y, HAS_BIAS=has_bias,
             RELU2=relu2, DOT_F32=dot_f32, SWAP_AB=c.swap_ab, BLOCK_M=SKINNY_MAX_ROWS,
             BLOCK_N=c.block_n, BLOCK_K=c.block_k, num_warps=c.num_warps,
@@ -392,9 +393,13 @@ def linear(
     """
     op = "linear"
     if not isinstance(x, torch.Tensor) or x.dim() < 1:
-        raise TypeError(f"{op}: `x` must be a torch.Tensor [..., in_features], got {type(x).__name__}")
+        raise TypeError(
+            f"{op}: `x` must be a torch.Tensor [..., in_features], got {type(x).__name__}"
+        )
     if input_activation not in (None, "relu2"):
-        raise ValueError(f"{op}: `input_activation` must be None or 'relu2', got {input_activation!r}")
+        raise ValueError(
+            f"{op}: `input_activation` must be None or 'relu2', got {input_activation!r}"
+        )
     relu2 = input_activation == "relu2"
     if x.dtype not in FLOAT_DTYPES:
         raise TypeError(f"{op}: `x` must have dtype bfloat16/float16/float32, got {x.dtype}")

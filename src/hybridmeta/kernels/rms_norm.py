@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from hybridmeta._interpret import launchable
 from hybridmeta.kernels._config import TL_DTYPE, pow2_ceil
 from hybridmeta.kernels._dispatch import Impl, no_output_fake, observed, resolve
 from hybridmeta.kernels._launch import DirectLauncher
@@ -148,7 +149,7 @@ def launch_add_rms_norm(
     _NORM_LAUNCHER.launch(
         var, (rows, 1, 1), key, dev, aligned,
         lambda: (*ptrs, n_cols, *strides, eps, has_res, block),
-        lambda g: _add_rms_norm_kernel[g](
+        lambda g: launchable(_add_rms_norm_kernel, x.device)[g](
             x, residual, weight, out, residual_out, n_cols, *strides, eps,
             HAS_RES=has_res, BLOCK=block, num_warps=warps,
         ),
@@ -181,7 +182,7 @@ def launch_gated_rms_norm(
     _GATED_LAUNCHER.launch(
         var, (rows, groups, 1), key, dev, aligned,
         lambda: (*ptrs, group_size, *strides, eps, norm_dtype, product_dtype, block),
-        lambda g: _gated_rms_norm_kernel[g](
+        lambda g: launchable(_gated_rms_norm_kernel, y.device)[g](
             y, z, weight, out, group_size, *strides, eps,
             NORM_DTYPE=norm_dtype, PRODUCT_DTYPE=product_dtype, BLOCK=block, num_warps=warps,
         ),
@@ -371,9 +372,7 @@ def gated_rms_norm(
     if group_size < 1 or width % group_size != 0:
         raise ValueError(f"{op}: `group_size` {group_size} must be >= 1 and divide {width}")
     if out is None:
-        out = torch.empty(
-            rows, width, dtype=torch.promote_types(weight.dtype, y.dtype), device=dev
-        )
+        out = torch.empty(rows, width, dtype=torch.promote_types(weight.dtype, y.dtype), device=dev)
     else:
         _check_rows(op, "out", out, rows, width, dev)
     if resolve(op, impl, dev) == "reference":

@@ -42,18 +42,28 @@ up to 0.49 absolute error on a 150-token row against the oracle (bf16 tolerance
 ``5e-2 + 1e-2 |y|``). Otherwise every product is exact fp32 (``ieee``), which is also what
 the interpreter runs.
 
+**The op.** Both implementations run inside the ``torch.library`` op
+``hybridmeta::ssd_chunked_scan`` (the plan's tensors and the layer's parameters as
+arguments, the pool declared mutated, a fake that gives the outputs' shapes from the
+plan's), so ``torch.compile`` sees one opaque op and never specialises on the plan's host
+values (chunk counts, the doubling steps); the public function wraps the op's tensors into
+:class:`SSDScanOutput` after it. Without an observer (no ``torch.compile``, dispatch mode
+or tensor subclass) the implementation is called directly.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import attrs
 import torch
 import triton
 import triton.language as tl
 
+from hybridmeta._interpret import launchable, runs_interpreted
 from hybridmeta.debug import is_debug
 from hybridmeta.kernels._config import cdiv, pow2_ceil
-from hybridmeta.kernels._dispatch import Impl, _interpreting, observed, resolve
+from hybridmeta.kernels._dispatch import Impl, observed, resolve
 from hybridmeta.kernels._errors import NO_FAULT, host_check, record_, record_for
 from hybridmeta.kernels._math import SSMParams, index_copy_rows_, process_dt
 from hybridmeta.kernels._validate import (
@@ -84,15 +94,14 @@ class _SlotGuard:
     bad: torch.Tensor
 
     @staticmethod
-    def of(md: Mamba2Metadata, ssm_state: torch.Tensor) -> _SlotGuard:
-        assert md.mixed is not None
-        slots = md.prefill_slots
-        pad = pad_slot_of(md)
+    def of(plan: ScanPlan, ssm_state: torch.Tensor) -> _SlotGuard:
+        slots, pad = plan.slots, plan.pad
         keys, read, write = prefill_slot_faults(ssm_state.shape[0], pad, slots)
         return _SlotGuard(
             keys=keys, pad=pad, safe=torch.where(read, slots, 0),
-            has_init=md.mixed.has_initial_states & read, write=write, bad=keys != NO_FAULT,
+            has_init=plan.has_initial_states & read, write=write, bad=keys != NO_FAULT,
         )  # fmt: skip
+
 
 __all__ = [
     "SSDScanOutput",
@@ -101,9 +110,9 @@ __all__ = [
 ]
 
 
-@attrs.frozen(kw_only=True)
-class SSDScanOutput:
-    """What the scan returns besides the state written to the pool.
+class SSDScanOutput(NamedTuple):
+    """What the scan returns besides the state written to the pool (a named tuple:
+    ``torch.compile`` builds it).
 
     Attributes
     ----------
@@ -126,6 +135,32 @@ class SSDScanOutput:
     tracked_h: torch.Tensor
     recomputed: torch.Tensor
     chunk_states: torch.Tensor | None
+
+
+class ScanPlan(NamedTuple):
+    """What the scan reads from the forward's metadata: the prefill rows' working slots and
+    initial-state flags, the chunk plan, and the track plan's boundary chunks.
+
+    :meth:`of` takes them from a forward's ``MixedMetadata`` and prefill slots (no copies);
+    the op rebuilds one from its tensor arguments.
+    """
+
+    chunks: ChunkPlan
+    slots: torch.Tensor
+    has_initial_states: torch.Tensor
+    h_chunk: torch.Tensor
+    recompute_chunk: torch.Tensor
+    recompute_len: torch.Tensor
+    pad: int  # the metadata's pad slot id
+    errors: torch.Tensor  # the error record faults go to
+
+    @staticmethod
+    def of(mixed: MixedMetadata, slots: torch.Tensor, pad: int, errors: torch.Tensor) -> ScanPlan:
+        tr = mixed.track
+        return ScanPlan(
+            mixed.chunks, slots, mixed.has_initial_states, tr.h_chunk, tr.recompute_chunk,
+            tr.recompute_len, pad, errors,
+        )  # fmt: skip
 
 
 def chunk_grid(
@@ -159,7 +194,7 @@ def recompute_states(
     dtc: torch.Tensor,
     Acum: torch.Tensor,
     state_in: torch.Tensor,
-    mixed: MixedMetadata,
+    plan: ScanPlan,
 ) -> torch.Tensor:
     """States at the plan's off-grid boundaries: ``[n_rc, H, P, N]`` fp32.
 
@@ -167,19 +202,18 @@ def recompute_states(
     chunk's first ``k`` tokens: ``exp(Acum_{k-1}) s_in + sum_{j<k} exp(Acum_{k-1} - Acum_j)
     dt_j x_j B_j^T``. Only the recompute chunks are gathered.
     """
-    tr = mixed.track
     _, H, P = x.shape
     G, N = B.shape[1], B.shape[2]
     rep = H // G
-    L = mixed.chunks.chunk_size
-    c_rc = tr.recompute_chunk  # [n_rc]
+    L = plan.chunks.chunk_size
+    c_rc = plan.recompute_chunk  # [n_rc]
     n_rc = c_rc.shape[0]
     t_rc = tok.index_select(0, c_rc)  # [n_rc, L]
     d_rc = dtc.index_select(0, c_rc)  # [n_rc, L, H]
     A_rc = Acum.index_select(0, c_rc)  # [n_rc, L, H]
-    last = (tr.recompute_len - 1).clamp(min=0)  # [n_rc]
+    last = (plan.recompute_len - 1).clamp(min=0)  # [n_rc]
     A_k = A_rc.gather(1, last[:, None, None].expand(-1, 1, H))  # [n_rc, 1, H]
-    keep = torch.arange(L, device=x.device)[None, :] < tr.recompute_len[:, None]  # [n_rc, L]
+    keep = torch.arange(L, device=x.device)[None, :] < plan.recompute_len[:, None]  # [n_rc, L]
     w = torch.exp(torch.where(keep[..., None], A_k - A_rc, float("-inf"))) * d_rc  # [n_rc, L, H]
     # gather, then convert: only the recompute chunks' tokens, never all T of them
     xw = x[t_rc].float() * w[..., None]  # [n_rc, L, H, P]
@@ -198,7 +232,7 @@ def finish_scan(
     state_in: torch.Tensor,
     state_out: torch.Tensor,
     *,
-    md: Mamba2Metadata,
+    plan: ScanPlan,
     ssm_state: torch.Tensor,
     return_chunk_states: bool,
 ) -> SSDScanOutput:
@@ -208,20 +242,18 @@ def finish_scan(
     ``grid`` is :func:`chunk_grid`'s result; ``state_in`` / ``state_out`` are
     ``[NL, H, P, N]`` fp32, the states entering and leaving every logical chunk.
     """
-    mixed = md.mixed
-    assert mixed is not None
-    final = state_out.index_select(0, mixed.chunks.row_last_chunk)  # [R, H, P, N]
-    guard = _SlotGuard.of(md, ssm_state)
+    final = state_out.index_select(0, plan.chunks.row_last_chunk)  # [R, H, P, N]
+    guard = _SlotGuard.of(plan, ssm_state)
     # Rows with a valid slot only: a pad row writes nothing, nor does an invalid one.
-    index_copy_rows_(ssm_state, md.prefill_slots, final, guard.write)
-    record_(record_for(ssm_state), _OP, guard.keys, guard.pad, ssm_state.shape[0])
-    tracked_h = state_out.index_select(0, mixed.track.h_chunk)
-    if mixed.track.num_recompute:  # host-side: most steps have no off-grid boundary
-        recomputed = recompute_states(x, B, *grid, state_in, mixed)
+    index_copy_rows_(ssm_state, plan.slots, final, guard.write)
+    record_(plan.errors, _OP, guard.keys, plan.pad, ssm_state.shape[0])
+    tracked_h = state_out.index_select(0, plan.h_chunk)
+    if plan.recompute_chunk.shape[0]:  # host-side: most steps have no off-grid boundary
+        recomputed = recompute_states(x, B, *grid, state_in, plan)
     else:
         recomputed = state_out.new_zeros(0, *state_out.shape[1:])
     chunk_states = (
-        state_out.index_select(0, mixed.chunks.phys_last_chunk) if return_chunk_states else None
+        state_out.index_select(0, plan.chunks.phys_last_chunk) if return_chunk_states else None
     )
     return SSDScanOutput(
         y=y,
@@ -322,8 +354,26 @@ def ssd_chunked_scan_reference(
     mixed = md.mixed
     if mixed is None or x.shape[0] == 0:
         return empty_scan(x, B.shape[2], return_chunk_states=return_chunk_states)
+    return _reference_scan(
+        x, dt, B, C, params=params,
+        plan=ScanPlan.of(mixed, md.prefill_slots, pad_slot_of(md), record_for(ssm_state)),
+        ssm_state=ssm_state, return_chunk_states=return_chunk_states,
+    )  # fmt: skip
+
+
+def _reference_scan(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    *,
+    params: SSMParams,
+    plan: ScanPlan,
+    ssm_state: torch.Tensor,
+    return_chunk_states: bool,
+) -> SSDScanOutput:
     H, P, G, N = x.shape[1], x.shape[2], B.shape[1], B.shape[2]
-    chunks = mixed.chunks
+    chunks = plan.chunks
     dev = x.device
     L = chunks.chunk_size
     NL = chunks.num_logical
@@ -356,7 +406,7 @@ def ssd_chunked_scan_reference(
 
     # 3. initial states: pool rows gathered (zero where the row has none, or has the pad
     # id; NaN where its slot is invalid: nothing read), then the scan.
-    guard = _SlotGuard.of(md, ssm_state)
+    guard = _SlotGuard.of(plan, ssm_state)
     if ssm_state.shape[0]:
         h0 = ssm_state.index_select(0, guard.safe).float()  # [R, H, P, N]
     else:
@@ -389,7 +439,7 @@ def ssd_chunked_scan_reference(
         grid,
         state_in,
         state_out,
-        md=md,
+        plan=plan,
         ssm_state=ssm_state,
         return_chunk_states=return_chunk_states,
     )
@@ -626,16 +676,14 @@ def _ssd_chunked_scan_triton(
     C: torch.Tensor,
     *,
     params: SSMParams,
-    md: Mamba2Metadata,
+    plan: ScanPlan,
     ssm_state: torch.Tensor,
     return_chunk_states: bool = False,
 ) -> SSDScanOutput:
     """The Triton scan: the kernels write ``y`` and the per-chunk states; final states go
-    to the rows' working slots in place. Arguments as :func:`ssd_chunked_scan`, checked."""
-    mixed = md.mixed
-    if mixed is None or x.shape[0] == 0:
-        return empty_scan(x, B.shape[2], return_chunk_states=return_chunk_states)
-    chunks = mixed.chunks
+    to the rows' working slots in place. Arguments as :func:`ssd_chunked_scan`, checked
+    (at least one prefill token)."""
+    chunks = plan.chunks
     T, H, P = x.shape
     G, N = B.shape[1], B.shape[2]
     dev = x.device
@@ -647,7 +695,8 @@ def _ssd_chunked_scan_triton(
     acum_t = Acum.permute(0, 2, 1).contiguous()  # [NL, H, L]
     D = params.D.float().to(dev).contiguous()
     # bf16 activations on the GPU: tensor cores (see _dot_act / _dot_f32)
-    fast = x.dtype == torch.bfloat16 and not _interpreting()
+    interpreted = runs_interpreted(_chunk_scan_kernel, dev)
+    fast = x.dtype == torch.bfloat16 and not interpreted
     BLOCK_N = _block(N, 16, 256)
     BLOCK_P = _block(P, 16, 64)
     BLOCK_K = _block(L, 16, 64)
@@ -655,7 +704,7 @@ def _ssd_chunked_scan_triton(
     n_p = cdiv(P, BLOCK_P)
 
     S = torch.empty(NL, H, P, N, device=dev, dtype=torch.float32)
-    _chunk_state_kernel[(NL * H, n_p)](
+    launchable(_chunk_state_kernel, dev)[(NL * H, n_p)](
         x_ptr=x,
         B_ptr=B,
         dtc_ptr=dtc_t,
@@ -681,9 +730,9 @@ def _ssd_chunked_scan_triton(
     )
     state_in = torch.empty_like(S)
     state_out = torch.empty_like(S)
-    guard = _SlotGuard.of(md, ssm_state)  # the slots the kernel may read, the rows poisoned
-    BLOCK = 1024 if not _interpreting() else 64
-    _state_passing_kernel[(H, cdiv(P * N, BLOCK))](
+    guard = _SlotGuard.of(plan, ssm_state)  # the slots the kernel may read, the rows poisoned
+    BLOCK = 1024 if not interpreted else 64
+    launchable(_state_passing_kernel, dev)[(H, cdiv(P * N, BLOCK))](
         S_ptr=S,
         acum_ptr=acum_t,
         first_ptr=chunks.first,
@@ -706,7 +755,7 @@ def _ssd_chunked_scan_triton(
         BLOCK=BLOCK,
     )
     y = torch.empty(T, H, P, device=dev, dtype=x.dtype)
-    _chunk_scan_kernel[(NL * H, cdiv(L, BLOCK_M) * n_p)](
+    launchable(_chunk_scan_kernel, dev)[(NL * H, cdiv(L, BLOCK_M) * n_p)](
         x_ptr=x,
         B_ptr=B,
         C_ptr=C,
@@ -749,7 +798,7 @@ def _ssd_chunked_scan_triton(
         grid,
         state_in,
         state_out,
-        md=md,
+        plan=plan,
         ssm_state=ssm_state,
         return_chunk_states=return_chunk_states,
     )
@@ -807,17 +856,134 @@ def ssd_chunked_scan(
     """
     H = _check_scan_inputs(x, dt, B, C, md, ssm_state)[0]
     _check_params(params, H, ssm_state.device)
-    if md.mixed is not None and (
-        is_debug() or (ssm_state.device.type == "cpu" and not observed(ssm_state))
-    ):
-        guard = _SlotGuard.of(md, ssm_state)
+    triton_impl = resolve("ssd_chunked_scan", impl, x.device) == "triton"
+    mixed = md.mixed
+    if mixed is None or x.shape[0] == 0:
+        return empty_scan(x, B.shape[2], return_chunk_states=return_chunk_states)
+    plan = ScanPlan.of(mixed, md.prefill_slots, pad_slot_of(md), record_for(ssm_state))
+    if is_debug() or (ssm_state.device.type == "cpu" and not observed(ssm_state)):
+        guard = _SlotGuard.of(plan, ssm_state)
         host_check(_OP, guard.keys, guard.pad, ssm_state.shape[0])
-    if resolve("ssd_chunked_scan", impl, x.device) == "reference":
-        return ssd_chunked_scan_reference(
-            x, dt, B, C, params=params, md=md, ssm_state=ssm_state,
+    if not observed(ssm_state):
+        run = _ssd_chunked_scan_triton if triton_impl else _reference_scan
+        return run(
+            x, dt, B, C, params=params, plan=plan, ssm_state=ssm_state,
             return_chunk_states=return_chunk_states,
         )  # fmt: skip
-    return _ssd_chunked_scan_triton(
-        x, dt, B, C, params=params, md=md, ssm_state=ssm_state,
+    ch = plan.chunks
+    y, final, tracked_h, recomputed, chunk_states = torch.ops.hybridmeta.ssd_chunked_scan(
+        x, dt, B, C, params.A, params.D, params.dt_bias, params.dt_softplus, ssm_state,
+        plan.slots, plan.has_initial_states, ch.chunk_size, ch.start, ch.length, ch.row,
+        ch.first, ch.token_chunk, ch.token_pos, ch.row_last_chunk, ch.phys_last_chunk,
+        plan.h_chunk, plan.recompute_chunk, plan.recompute_len, return_chunk_states,
+        triton_impl, plan.pad, plan.errors,
+    )  # fmt: skip
+    return SSDScanOutput(
+        y=y,
+        final_states=final,
+        tracked_h=tracked_h,
+        recomputed=recomputed,
+        chunk_states=chunk_states if return_chunk_states else None,
+    )
+
+
+# --------------------------------------------------------------------------- custom op
+
+
+def _ssd_scan_impl(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    A: torch.Tensor,
+    D: torch.Tensor,
+    dt_bias: torch.Tensor,
+    dt_softplus: bool,
+    ssm_state: torch.Tensor,
+    slots: torch.Tensor,
+    has_initial_states: torch.Tensor,
+    chunk_size: int,
+    start: torch.Tensor,
+    length: torch.Tensor,
+    row: torch.Tensor,
+    first: torch.Tensor,
+    token_chunk: torch.Tensor,
+    token_pos: torch.Tensor,
+    row_last_chunk: torch.Tensor,
+    phys_last_chunk: torch.Tensor,
+    h_chunk: torch.Tensor,
+    recompute_chunk: torch.Tensor,
+    recompute_len: torch.Tensor,
+    return_chunk_states: bool,
+    triton_impl: bool,
+    pad: int,
+    errors: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The scan on checked arguments (at least one prefill token): ``(y, final_states,
+    tracked_h, recomputed, chunk_states)``, ``chunk_states`` empty unless asked for."""
+    chunks = ChunkPlan(
+        chunk_size=chunk_size, start=start, length=length, row=row, first=first,
+        token_chunk=token_chunk, token_pos=token_pos, row_last_chunk=row_last_chunk,
+        phys_last_chunk=phys_last_chunk,
+    )  # fmt: skip
+    plan = ScanPlan(
+        chunks, slots, has_initial_states, h_chunk, recompute_chunk, recompute_len, pad, errors
+    )
+    params = SSMParams(A=A, D=D, dt_bias=dt_bias, dt_softplus=dt_softplus)
+    run = _ssd_chunked_scan_triton if triton_impl else _reference_scan
+    res = run(
+        x, dt, B, C, params=params, plan=plan, ssm_state=ssm_state,
         return_chunk_states=return_chunk_states,
     )  # fmt: skip
+    states = res.chunk_states
+    if states is None:
+        states = res.final_states.new_zeros(0, *res.final_states.shape[1:])
+    return res.y, res.final_states, res.tracked_h, res.recomputed, states
+
+
+def _ssd_scan_fake(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    A: torch.Tensor,
+    D: torch.Tensor,
+    dt_bias: torch.Tensor,
+    dt_softplus: bool,
+    ssm_state: torch.Tensor,
+    slots: torch.Tensor,
+    has_initial_states: torch.Tensor,
+    chunk_size: int,
+    start: torch.Tensor,
+    length: torch.Tensor,
+    row: torch.Tensor,
+    first: torch.Tensor,
+    token_chunk: torch.Tensor,
+    token_pos: torch.Tensor,
+    row_last_chunk: torch.Tensor,
+    phys_last_chunk: torch.Tensor,
+    h_chunk: torch.Tensor,
+    recompute_chunk: torch.Tensor,
+    recompute_len: torch.Tensor,
+    return_chunk_states: bool,
+    triton_impl: bool,
+    pad: int,
+    errors: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    T, H, P = x.shape
+    N = B.shape[2]
+
+    def states(n: int | torch.SymInt) -> torch.Tensor:
+        return x.new_empty(n, H, P, N, dtype=torch.float32)
+
+    n_phys = phys_last_chunk.shape[0] if return_chunk_states else 0
+    return (
+        x.new_empty(T, H, P), states(slots.shape[0]), states(h_chunk.shape[0]),
+        states(recompute_chunk.shape[0]), states(n_phys),
+    )  # fmt: skip
+
+
+_ssd_scan_op = torch.library.custom_op(
+    "hybridmeta::ssd_chunked_scan", _ssd_scan_impl, mutates_args=("ssm_state", "errors")
+)
+_ssd_scan_op.register_fake(_ssd_scan_fake)

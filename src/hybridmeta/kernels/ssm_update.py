@@ -44,6 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
+from hybridmeta._interpret import launchable
 from hybridmeta.debug import is_debug
 from hybridmeta.kernels._config import SsmLaunchConfig, cdiv, pow2_ceil, ssm_launch_config
 from hybridmeta.kernels._dispatch import Impl, no_output_fake, observed, resolve
@@ -741,7 +742,6 @@ def _ssm_update_tile_kernel(
         )  # fmt: skip
 
 
-
 def launch_ssm_update(
     state: torch.Tensor,
     x: torch.Tensor,
@@ -855,7 +855,7 @@ def launch_ssm_update(
         return (*ptrs, *dt_limit, bs, rows_per_prog, pad_slot_id, n_slots, *ints, *flags)
 
     def slow(g: tuple[int, int, int]) -> object:
-        return _ssm_update_kernel[g](
+        return launchable(_ssm_update_kernel, state.device)[g](
             state, x, dt, dt_bias, A, B, C, D, z, out, src_indices, dst_indices,
             track_indices, track_mask, err, *dt_limit, bs, rows_per_prog, pad_slot_id,
             n_slots, *ints,
@@ -936,7 +936,7 @@ def _launch_tiles(
         return (*ptrs, *dt_limit, *ints, bs, pad_slot_id, n_slots, *flags)
 
     def slow(g: tuple[int, int, int]) -> object:
-        return _ssm_update_tile_kernel[g](
+        return launchable(_ssm_update_tile_kernel, state.device)[g](
             state, x, dt, dt_bias, A, B, C, D, z, out, src_indices, dst_indices,
             track_indices, track_mask, err, *dt_limit, *ints, bs, pad_slot_id, n_slots,
             DT_SOFTPLUS=dt_softplus, HAS_DT_BIAS=dt_bias is not None, HAS_D=D is not None,
@@ -1334,4 +1334,3 @@ def ssm_state_update_from_metadata(
         dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit, track_indices=track,
         track_mask=mask, out=out, impl=impl, pad_slot_id=pad_slot_of(md),
     )  # fmt: skip
-

@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from hybridmeta._interpret import launchable
 from hybridmeta.debug import is_debug
 from hybridmeta.kernels._config import SsmLaunchConfig, cdiv, pow2_ceil
 from hybridmeta.kernels._dispatch import Impl, no_output_fake, observed, on_device, resolve
@@ -383,7 +384,7 @@ def launch_ssm_verify(
     z_strides = z.stride() if z is not None else (0, 0, 0, 0)
     par_strides = parent.stride() if parent is not None else (0, 0)
     grid = (cdiv(headdim, cfg.block_p), bs, nheads)
-    _ssm_verify_kernel[grid](
+    launchable(_ssm_verify_kernel, state.device)[grid](
         state_ptr=state,
         x_ptr=x,
         dt_ptr=dt,

@@ -24,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
+from hybridmeta._interpret import launchable
 from hybridmeta.debug import is_debug
 from hybridmeta.kernels._config import CopyLaunchConfig, cdiv, copy_launch_config, pow2_ceil
 from hybridmeta.kernels._dispatch import Impl, no_output_fake, observed, on_device, resolve
@@ -172,7 +173,7 @@ def launch_track_save(
     )
     work = num_layers * cdiv(ssm_numel, ssm_block)
     grid = (max(1, min(cfg.max_programs, work)),)
-    _track_save_kernel[grid](
+    launchable(_track_save_kernel, ssm_pool.device)[grid](
         ssm_ptr=ssm_pool,
         conv_ptr=conv_pool,
         src_ptr=src_indices,

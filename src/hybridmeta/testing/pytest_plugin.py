@@ -5,9 +5,8 @@ Enable it in your top-level ``conftest.py``::
     pytest_plugins = ["hybridmeta.testing.pytest_plugin"]
 
 It is deliberately not registered as a ``pytest11`` entry point: importing it imports
-torch and hybridmeta (which selects the Triton interpreter on machines without CUDA), and
-an entry point would do that in every pytest session of every project installed beside
-hybridmeta.
+torch and hybridmeta (seconds of start-up), and an entry point would do that in every
+pytest session of every project installed beside hybridmeta.
 
 Fixtures
 --------

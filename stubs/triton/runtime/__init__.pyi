@@ -1,1 +1,2 @@
+from . import interpreter as interpreter
 from . import jit as jit

@@ -8,14 +8,28 @@ import attrs
 import torch
 from hypothesis import strategies as st
 
+from hybridmeta import ForwardMetadata, Role, fields_of
 from tests.properties.strategies.kernels import draft_trees
 
+# The id pad rows carry in the working and track slot fields: the declared pad.
+_PAD = {
+    s.role: s.pad.value for s in fields_of(ForwardMetadata) if s.role.is_slot and s.pad is not None
+}
+WORKING_PAD = int(_PAD[Role.WORKING_SLOT])  # type: ignore[arg-type]
+TRACK_PAD = int(_PAD[Role.TRACK_SLOT])  # type: ignore[arg-type]
+
 __all__ = [
+    "SLOT_RULE_KINDS",
+    "STRUCTURAL_KINDS",
     "DecodeStepSpec",
+    "InvalidStepSpec",
+    "SlotValues",
     "VerifyStepSpec",
     "bucket_sets",
     "decode_steps",
     "draft_bucket_sets",
+    "invalid_decode_steps",
+    "slot_values",
     "verify_steps",
 ]
 
@@ -150,3 +164,169 @@ def poison_fill(seed: int, num_slots: int) -> Callable[[str, torch.Tensor], None
         tail.copy_(v.to(tail.dtype))
 
     return fill
+
+
+#: Corruptions of a step's slot values: each breaks one slot rule of a live step.
+SLOT_RULE_KINDS = (
+    "working_pad",  # a live row carries the pad id
+    "working_out_of_range",  # a working id outside the pool (or the slot table)
+    "working_duplicate",  # two rows share a working slot
+    "flagged_without_track",  # a flagged row carries no track slot
+    "track_out_of_range",  # a track id outside the pool (and not the pad)
+    "track_duplicate",  # two flagged rows save into one track slot
+    "track_is_working",  # a flagged row saves into a row's (physical) working slot
+)
+#: Corruptions of a step's shape, types or host values (applied where the step is built).
+STRUCTURAL_KINDS = (
+    "too_many_rows",
+    "index_dtype",
+    "input_rows",
+    "input_dtype",
+    "missing_input",
+    "host_value",
+    "unbuffered_field",
+)
+
+
+@attrs.frozen
+class InvalidStepSpec:
+    """A decode step that must be refused before anything is written.
+
+    Attributes
+    ----------
+    kind : str
+        One of :data:`SLOT_RULE_KINDS` (the ids below break it) or
+        :data:`STRUCTURAL_KINDS` (the ids are valid; whoever builds the step breaks it).
+    step : DecodeStepSpec
+        The step's ids as it carries them: working ids in the slot table's (virtual) space,
+        track ids physical.
+    field : str
+        The field (or argument) the refusal must name.
+    """
+
+    kind: str
+    step: DecodeStepSpec
+    field: str
+
+
+@st.composite
+def invalid_decode_steps(
+    draw: st.DrawFn, *, table: tuple[int, ...], num_slots: int, max_bs: int
+) -> InvalidStepSpec:
+    """A step of ``1 <= bs <= max_bs`` rows (``max_bs + 1`` for ``too_many_rows``) that
+    breaks one rule, drawn from :data:`SLOT_RULE_KINDS` and :data:`STRUCTURAL_KINDS`.
+
+    ``table`` maps the step's working (virtual) ids to physical slots of a pool of
+    ``num_slots`` (``num_slots >= 2 * max_bs + 2``)."""
+    kind = draw(st.sampled_from(SLOT_RULE_KINDS + STRUCTURAL_KINDS))
+    need_two = kind in ("working_duplicate", "track_duplicate")
+    if need_two and max_bs < 2:
+        kind = "working_pad"
+    rows = max_bs + 1 if kind == "too_many_rows" else max_bs
+    low = rows if kind == "too_many_rows" else 2 if need_two else 1
+    base = draw(decode_steps(num_slots=num_slots, max_bs=rows, min_bs=low))
+    inverse = {p: v for v, p in enumerate(table)}
+    slots = [inverse[s] for s in base.slots]  # carried: virtual ids
+    track, mask = list(base.track), list(base.mask)
+    bs = base.bs
+    r = draw(st.integers(0, bs - 1))
+    field = "mamba_cache_indices"
+    if kind == "working_pad":
+        slots[r] = WORKING_PAD
+    elif kind == "working_out_of_range":
+        slots[r] = draw(st.sampled_from([len(table), len(table) + 3, WORKING_PAD - 1, -7]))
+    elif kind == "working_duplicate":
+        other = draw(st.integers(0, bs - 1).filter(lambda i: i != r))
+        slots[r] = slots[other]
+    elif kind in ("flagged_without_track", "track_out_of_range", "track_is_working"):
+        field = "mamba_track_indices"
+        mask[r] = True
+        if kind == "flagged_without_track":
+            track[r] = TRACK_PAD
+        elif kind == "track_out_of_range":
+            track[r] = draw(st.sampled_from([num_slots, num_slots + 5, TRACK_PAD - 1]))
+            mask[r] = draw(st.booleans()) or not any(mask[:r] + mask[r + 1 :])
+        else:
+            track[r] = table[slots[draw(st.integers(0, bs - 1))]]
+    elif kind == "track_duplicate":
+        field = "mamba_track_indices"
+        other = draw(st.integers(0, bs - 1).filter(lambda i: i != r))
+        mask[r] = mask[other] = True
+        working = {table[v] for v in slots}
+        free = [t for t in (track[r], track[other]) if t != TRACK_PAD]
+        shared = free[0] if free else min(set(range(num_slots)) - working)
+        track[r] = track[other] = shared
+    else:
+        field = {
+            "too_many_rows": "mamba_cache_indices",
+            "index_dtype": "query_start_loc",
+            "input_rows": "input",
+            "input_dtype": "input",
+            "missing_input": "inputs",
+            "host_value": "is_target_verify",
+            "unbuffered_field": "conv_states_mask_indices",
+        }[kind]
+    step = DecodeStepSpec(slots=tuple(slots), track=tuple(track), mask=tuple(mask), seed=base.seed)
+    return InvalidStepSpec(kind=kind, step=step, field=field)
+
+
+@attrs.frozen
+class SlotValues:
+    """Arbitrary slot values of one step (valid or not): working ids, track ids, track
+    mask, the step's ``has_mamba_track_mask``, and whether the track fields are set."""
+
+    working: tuple[int, ...]
+    track: tuple[int, ...]
+    mask: tuple[bool, ...]
+    flag: bool
+    with_track: bool
+
+
+@st.composite
+def slot_values(
+    draw: st.DrawFn, *, bound: int, max_bs: int, table: tuple[int, ...] | None = None
+) -> SlotValues:
+    """Slot values near the rules' edges, so that every slot rule is both met and broken.
+
+    Working ids (virtual ids of ``table`` when one is given: ``[0, len(table))``) are
+    distinct valid ones half of the time, valid with one repeat a quarter, else drawn from
+    a small alphabet around the edges (the pads, the bound). Each track id is the pad, a
+    free slot, a row's physical working slot (a collision), another row's track slot, or
+    out of range; two rows in three are flagged; ``has_mamba_track_mask`` is mostly on
+    when the track fields are set."""
+    bs = draw(st.integers(1, max_bs))
+    n_work = len(table) if table is not None else bound
+    pads = sorted({WORKING_PAD, TRACK_PAD})
+    edge = st.one_of(
+        st.integers(0, min(n_work - 1, 3)),
+        st.sampled_from([*pads, pads[0] - 1, n_work, n_work + 1]),
+    )
+    how = draw(st.sampled_from(["valid", "valid", "repeated", "edge"]))
+    if how == "edge":
+        working = tuple(draw(st.lists(edge, min_size=bs, max_size=bs)))
+    else:
+        picked = draw(st.permutations(range(n_work)))[:bs]
+        if how == "repeated" and bs > 1:
+            picked[draw(st.integers(1, bs - 1))] = picked[0]
+        working = tuple(picked)
+    physical = [(table[w] if table is not None else w) for w in working if 0 <= w < n_work]
+    track: list[int] = []
+    for _ in range(bs):
+        kind = draw(st.sampled_from(["free", "working", "repeat", "pad", "out"]))
+        if kind == "working" and physical:
+            track.append(draw(st.sampled_from(physical)))
+        elif kind == "repeat" and track:
+            track.append(draw(st.sampled_from(track)))
+        elif kind == "out":
+            track.append(draw(st.sampled_from([TRACK_PAD - 1, bound, bound + 2])))
+        elif kind == "pad":
+            track.append(TRACK_PAD)
+        else:  # a free slot (or a repeat / collision with nothing to repeat yet)
+            track.append(draw(st.integers(0, bound - 1)))
+    flags = st.integers(0, 2).map(lambda i: i < 2)  # flagged two times in three
+    mask = tuple(draw(st.lists(flags, min_size=bs, max_size=bs)))
+    with_track = draw(st.integers(0, 3)) < 3
+    flag = with_track and draw(st.integers(0, 3)) < 3
+    return SlotValues(
+        working=working, track=tuple(track), mask=mask, flag=flag, with_track=with_track
+    )
