@@ -10,13 +10,17 @@ from the copy (hybridmeta, the tests, their conftest) before pytest loads the co
 files, so the child imports them again with the mutant active (a fraction of a second:
 torch and the other third-party modules stay loaded).
 
-A mutant that breaks an import makes pytest stop at collection (exit status 2, which
-mutmut reads as "interrupted"); a collection error is the mutant caught, so the plugin
-reports it as a test failure (exit status 1, "killed").
+The package's modules the parent had loaded are imported again right away: a mutant that
+breaks one of those imports (a class of the package refused at definition) is caught there
+and the child exits with status 1 ("killed"); left to pytest, a conftest's failed import
+is a usage error that mutmut does not expect from a mutant.
+A mutant that breaks the import of a test module makes pytest stop at collection (exit
+status 2, which mutmut reads as "interrupted"): also reported as a test failure.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 
@@ -32,10 +36,18 @@ def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
     if not _testing_a_mutant():
         return
     here = os.getcwd() + os.sep
+    package = []  # the package's modules (under src/), as the parent process had them
     for name, module in list(sys.modules.items()):
         path = getattr(module, "__file__", None) or ""
         if path.startswith(here) and name != __name__:
             del sys.modules[name]
+            if path.startswith(here + "src" + os.sep):
+                package.append(name)
+    try:
+        for name in sorted(package):
+            importlib.import_module(name)
+    except Exception:
+        os._exit(1)
 
 
 @pytest.hookimpl(trylast=True)
