@@ -338,7 +338,8 @@ def test_registry_lookups_refuse_other_classes() -> None:
         TypeError,
         match=_LOCAL + r"_Undecorated subclasses the metadata class " + _L + r"_Src but is not "
         r"decorated with @hybridmeta\.metadata: it would silently build or validate as " + _L
-        + r"_Src\. Decorate it",
+        + r"_Src\. Decorate it \(@metadata\(extension=True\) to add fields to a source class, "
+        r"@metadata to derive\)$",
     ):
         fields_of(_Undecorated)
 
@@ -873,3 +874,16 @@ def test_class_level_rules_name_the_class_and_the_way_out() -> None:
         @metadata
         class _Bad:
             hidden: int = attrs.field(init=False, default=0)
+
+    with pytest.raises(
+        TypeError,
+        match=_LOCAL + r"_P: define __validate__ \(cheap checks\) or __validate_debug__ \(checks "
+        r"that read device values\), not __attrs_post_init__$",
+    ):
+
+        @metadata
+        class _P:
+            x: int = 0
+
+            def __attrs_post_init__(self) -> None:
+                pass
