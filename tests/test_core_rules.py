@@ -554,6 +554,15 @@ def test_live_rows_hold_slots_and_offsets_start_at_zero() -> None:
 def test_track_checks_need_both_the_track_slot_and_its_mask() -> None:
     check_values(_TrackOnly(work=_ids(1, 2), track=_ids(1, 1)))
     check_values(_MaskOnly(work=_ids(1, 2), mask=torch.tensor([True, True])))
+
+    @metadata
+    class _NoWorking:  # a track slot and its mask, no working slot to clash with
+        track: torch.Tensor = tensor_field(rows=BATCH, dtypes=INDEX, role=Role.TRACK_SLOT)
+        mask: torch.Tensor = tensor_field(rows=BATCH, dtypes=BOOL, role=Role.TRACK_MASK, pad=Pad.value(False))
+
+    check_values(_NoWorking(track=_ids(3, -1), mask=torch.tensor([True, False])), physical=True)
+    with pytest.raises(ValueError, match=_LOCAL + r"_NoWorking\.track is -1 \(none\) in a row whose mask is set$"):
+        check_values(_NoWorking(track=_ids(-1, 4), mask=torch.tensor([True, False])), physical=True)
     check_values(_tracked([1, 2], [5, -1], [True, False]), physical=True)
     with pytest.raises(
         ValueError, match=r"^_Tracked\.track has a duplicate track slot among rows whose mask is set$"
