@@ -334,6 +334,8 @@ def test_registry_lookups_refuse_other_classes() -> None:
     class _Undecorated(_Src):  # type: ignore[valid-type,misc]
         pass
 
+    with pytest.raises(TypeError, match=_LOCAL + r"_Undecorated subclasses the metadata class "):
+        _Undecorated(slots=_ids(0))  # its inherited validator refuses it
     with pytest.raises(
         TypeError,
         match=_LOCAL + r"_Undecorated subclasses the metadata class " + _L + r"_Src but is not "
@@ -771,6 +773,18 @@ def test_a_governing_flag_resolves_and_guards_its_data() -> None:
         _Gov(slots=_ids(0), use=True)
     with pytest.raises(TypeError, match=_LOCAL + r"_Gov\.use must be bool, got int 1$"):
         _Gov(slots=_ids(0), mask=mask, track=track, use=1)
+    @metadata
+    class _Three:
+        a: torch.Tensor | None = tensor_field(dtypes=INDEX, default=None)
+        b: torch.Tensor | None = tensor_field(dtypes=INDEX, default=None)
+        c: torch.Tensor | None = tensor_field(dtypes=INDEX, default=None)
+        use: bool = field(default=False, governs=("a", "b", "c"))
+
+    with pytest.raises(
+        ValueError,
+        match=_LOCAL + r"_Three\.a and b, c are given together or not at all \(use governs them\)$",
+    ):
+        _Three(a=_ids(1), c=_ids(2), use=True)
     # an extension keeps its fields in the instance dict: its flag resolves there
     ext = _GovExt(slots=_ids(0))
     assert ext.use is False and ext.flag is True
