@@ -297,6 +297,20 @@ def test_derived_host_fields_are_type_checked_when_the_source_is_unchanged() -> 
         _HostOnly.evolve_from(src, extra=1, note="n", label=3)
 
 
+def test_a_host_only_derivation_of_a_host_only_source_checks_what_it_adds() -> None:
+    @metadata
+    class _Cfg:
+        label: str = "cfg"
+
+    @metadata
+    class _Step(_Cfg):
+        n: int
+
+    assert _Step.evolve_from(_Cfg(), n=3).n == 3
+    with pytest.raises(TypeError, match=_LOCAL + r"_Step\.n must be int, got str '3'$"):
+        _Step.evolve_from(_Cfg(), n="3")  # type: ignore[arg-type]
+
+
 def test_evolve_from_names_every_unknown_and_missing_field() -> None:
     _Src, _HostOnly = _host_only()
     src = _Src(slots=_ids(0, 1))
