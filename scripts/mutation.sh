@@ -100,7 +100,18 @@ EOF
   (cd "$dir" && TRITON_INTERPRET=1 HYPOTHESIS_PROFILE=ci nice -n 19 "$venv/bin/mutmut" run \
       --max-children "$children" "${only[@]}") >"$dir/run.log" 2>&1 \
     || { echo "mutmut failed for $m, see $dir/run.log" >&2; tail -c 2000 "$dir/run.log" >&2; continue; }
+  [[ -s $dir/results.txt ]] && mv "$dir/results.txt" "$dir/results.prev.txt"
   (cd "$dir" && "$venv/bin/mutmut" results --all true) >"$dir/results.txt" 2>&1
+  if [[ ${#only[@]} -gt 0 && -s $dir/results.prev.txt ]]; then
+    # a partial rerun: the mutants it did not run keep their previous status (mutmut
+    # forgets it when the sources or the configuration changed)
+    awk -F': ' 'NR == FNR {if (NF == 2) prev[$1] = $2; next}
+                NF == 2 && $2 == "not checked" && ($1 in prev) {print $1 ": " prev[$1]; kept++; next}
+                {print}
+                END {if (kept) printf "%d results carried over from the previous run\n", kept > "/dev/stderr"}' \
+      "$dir/results.prev.txt" "$dir/results.txt" >"$dir/results.merged.txt"
+    mv "$dir/results.merged.txt" "$dir/results.txt"
+  fi
   echo "$(( (SECONDS - start) / 60 )) min; mutants by status:"
   awk -F': ' 'NF == 2 {n[$2]++; t++} END {for (k in n) printf "  %-12s %d\n", k, n[k]; printf "  %-12s %d\n", "total", t}' \
     "$dir/results.txt" | sort
