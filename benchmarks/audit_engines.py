@@ -28,14 +28,28 @@ from hybridmeta.audit import audit_paths
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: The Mamba2 metadata modules of each engine (paths inside the wheel).
-ENGINES: dict[str, tuple[str, ...]] = {
-    "sglang": ("sglang/srt/layers/attention/mamba/mamba2_metadata.py",),
-    "vllm": (
-        "vllm/v1/attention/backends/mamba2_attn.py",
-        "vllm/v1/attention/backends/mamba_attn.py",
+#: What is audited: (label, engine package, modules inside its wheel). The Mamba2 metadata
+#: modules of each engine, and sglang's ForwardBatch with the ScheduleBatch it is built
+#: from (ForwardBatch.init_new constructs, then assigns further fields).
+AUDITS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("sglang", "sglang", ("sglang/srt/layers/attention/mamba/mamba2_metadata.py",)),
+    (
+        "sglang-forward-batch",
+        "sglang",
+        (
+            "sglang/srt/model_executor/forward_batch_info.py",
+            "sglang/srt/managers/schedule_batch.py",
+        ),
     ),
-}
+    (
+        "vllm",
+        "vllm",
+        (
+            "vllm/v1/attention/backends/mamba2_attn.py",
+            "vllm/v1/attention/backends/mamba_attn.py",
+        ),
+    ),
+)
 
 _GDN_KDA = "read only by the GDN/KDA backends from their own ForwardMetadata; no Mamba2 reader"
 #: Hand-checked verdicts, by (engine, field): (claim correct?, impact, why).
@@ -66,6 +80,21 @@ VERDICTS: dict[tuple[str, str], tuple[bool, str, str]] = {
         True, "latent",
         "dropped by prepare_decode (prepare_mixed recomputes it); MambaMixer2 reads it only "
         "in its prefill branch, which decode-only metadata never enters",
+    ),
+    ("sglang-forward-batch", "split_index"): (
+        True, "latent",
+        "ForwardBatch.init_new does not pass ScheduleBatch.split_index (default 0); its one "
+        "split-prefill caller (TpModelWorker.forward_batch_split_prefill) calls it only "
+        "while batch.split_index == 0, and ModelRunner.forward_split_prefill advances it",
+    ),
+}  # fmt: skip
+
+#: Hand-checked verdicts for every finding of one function, by (label, function).
+FUNCTION_VERDICTS: dict[tuple[str, str], tuple[bool, str, str]] = {
+    ("sglang-forward-batch", "ScheduleBatch.copy"): (
+        True, "none",
+        "ScheduleBatch.copy deliberately keeps only the fields process_batch_result reads "
+        "(its own comment says so); the rest take their defaults by design",
     ),
 }  # fmt: skip
 
@@ -105,8 +134,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--third-party", type=Path, default=ROOT / "third_party")
     args = p.parse_args(argv)
     engines: list[dict[str, Any]] = []
-    for package, members in ENGINES.items():
-        wheel = _download(package, args.third_party)
+    wheels: dict[str, Path] = {}
+    for label, package, members in AUDITS:
+        if package not in wheels:
+            wheels[package] = _download(package, args.third_party)
+        wheel = wheels[package]
         version = wheel.name.split("-")[1]
         files = _extract(wheel, members, args.third_party / f"{package}-{version}")
         t0 = time.perf_counter()
@@ -114,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         seconds = time.perf_counter() - t0
         findings = []
         for f in result.findings:
-            verdict = VERDICTS.get((package, f.field))
+            verdict = VERDICTS.get((label, f.field)) or FUNCTION_VERDICTS.get((label, f.function))
             rel = Path(f.path).relative_to(args.third_party / f"{package}-{version}")
             findings.append({
                 "file": str(rel), "line": f.line, "rule": f.rule, "function": f.function,
@@ -126,9 +158,10 @@ def main(argv: list[str] | None = None) -> int:
                 "why": None if verdict is None else verdict[2],
             })  # fmt: skip
         engines.append({
-            "engine": package, "version": version, "wheel": wheel.name,
+            "engine": label, "package": package, "version": version, "wheel": wheel.name,
             "files": [str(m) for m in members], "classes": result.classes,
-            "calls_checked": result.calls_checked, "audit_seconds": round(seconds, 4),
+            "calls_checked": result.calls_checked, "calls_skipped": result.calls_skipped,
+            "audit_seconds": round(seconds, 4),
             "findings": findings,
             "true_positives": sum(f["verdict"] == "true positive" for f in findings),
             "false_positives": sum(f["verdict"] == "false positive" for f in findings),
@@ -167,10 +200,11 @@ def _markdown(report: dict[str, Any]) -> str:
     ]
     for e in report["engines"]:
         lines += [
-            f"## {e['engine']} {e['version']}",
+            f"## {e['engine']} ({e['package']} {e['version']})",
             "",
             f"Files: {', '.join('`' + f + '`' for f in e['files'])}. "
-            f"{e['calls_checked']} constructor call(s) checked, {len(e['findings'])} "
+            f"{e['calls_checked']} constructor call(s) checked ({e['calls_skipped']} skipped, "
+            f"see the notes), {len(e['findings'])} "
             f"finding(s): {e['true_positives']} true positive(s), {e['false_positives']} "
             f"false positive(s), {e['unchecked']} unchecked.",
             "",

@@ -8,8 +8,16 @@ import numpy as np
 import pytest
 import torch
 
-from hybridmeta import Mamba2Metadata, debug_mode, planner
-from hybridmeta.planner import MixedHostPlan, plan_host, plan_mixed_batch
+from hybridmeta import (
+    Conventions,
+    ForwardMetadata,
+    Mamba2Metadata,
+    RowOrder,
+    debug_mode,
+    metadata,
+    planner,
+)
+from hybridmeta.planner import MixedHostPlan, plan_host, plan_mixed_batch, plan_verify_host
 from hybridmeta.staging import to_device_packed
 
 
@@ -112,6 +120,14 @@ def test_one_staged_copy_with_the_callers_arrays() -> None:
     assert md.mixed.conv.token_windows.untyped_storage().data_ptr() == base
     with pytest.raises(ValueError, match=r"views must hold the staged MixedHostPlan\.arrays"):
         hp.metadata({"mine": views["mine"]})
+
+
+def test_refuses_views_that_are_no_mapping() -> None:
+    hp = _host()
+    staged = list(to_device_packed(hp.arrays, torch.device("cpu")).values())
+    for build in (hp.forward, hp.metadata):
+        with pytest.raises(TypeError, match=r"^MixedHostPlan: views must be the mapping to_device_packed returns .*got list$"):
+            build(staged)  # type: ignore[arg-type]
 
 
 def test_engine_fields_pass_through_the_constructor() -> None:
@@ -238,3 +254,225 @@ def test_cached_host_constants_give_the_uncached_plan(monkeypatch: pytest.Monkey
         for name, a in cached.arrays.items():
             assert a.dtype == direct.arrays[name].dtype
             assert np.array_equal(a, direct.arrays[name]), name
+
+
+def _nothing_computed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make every planning phase after the argument checks fail loudly: a refusal must
+    come before anything is computed or staged."""
+
+    def computed(*_: object, **__: object) -> None:
+        raise AssertionError("the planner computed a plan from arguments it should refuse")
+
+    for phase in ("_track_kinds", "_chunks", "_conv_windows", "_pack"):
+        monkeypatch.setattr(planner, phase, computed)
+
+
+_TYPED_REFUSALS: list[tuple[dict[str, Any], type[Exception], str]] = [
+    # counts and sizes: plain ints (bool refused where an int is expected)
+    ({"chunk_size": 8.0}, TypeError, r"^plan_mixed_batch: chunk_size must be an int, got float 8\.0$"),
+    ({"chunk_size": True}, TypeError, r"chunk_size must be an int, got bool True$"),
+    ({"conv_kernel": 4.0}, TypeError, r"conv_kernel must be an int, got float 4\.0$"),
+    ({"conv_kernel": "4"}, TypeError, r"conv_kernel must be an int, got str '4'$"),
+    ({"num_decodes": 0.0}, TypeError, r"num_decodes must be an int, got float 0\.0$"),
+    ({"num_decodes": False}, TypeError, r"num_decodes must be an int, got bool False$"),
+    (
+        {"num_decodes": np.int64(0)},
+        TypeError,
+        r"num_decodes must be an int, got numpy\.int64 .*\(pass int\(\.\.\.\)\)$",
+    ),
+    (
+        {"track_interval": 8.0, "track_mask": [True, False], "track_slots": [5, -1]},
+        TypeError,
+        r"track_interval must be an int, got float 8\.0$",
+    ),
+    # per-row lists: 1-D sequences, arrays or CPU tensors of integers
+    ({"extend_lens": [[5], [5]]}, ValueError, r"extend_lens must be 1-D \(one entry per row\), got shape \(2, 1\)$"),
+    ({"extend_lens": torch.tensor([[5], [5]])}, ValueError, r"extend_lens must be 1-D .*got shape \(2, 1\)$"),
+    ({"slots": np.array([[0, 1]])}, ValueError, r"slots must be 1-D .*got shape \(1, 2\)$"),
+    ({"prefix_lens": [[0], 0]}, ValueError, r"prefix_lens must be a flat \(1-D\) sequence of ints, one per row; got a nested or ragged sequence$"),
+    ({"extend_lens": 5}, TypeError, r"extend_lens must be a 1-D sequence of ints \(one per row\), a numpy array or a CPU tensor; got int$"),
+    ({"slots": "01"}, TypeError, r"slots must be a 1-D sequence of ints .*; got str$"),
+    ({"slots": None}, TypeError, r"slots must be a 1-D sequence of ints .*; got NoneType$"),
+    ({"extend_lens": [5, None]}, ValueError, r"extend_lens must hold integers, got extend_lens\[1\] = None \(NoneType\)$"),
+    ({"extend_lens": [5, "5"]}, ValueError, r"extend_lens must hold integers, got strings"),
+    (
+        {"track_interval": 8, "track_mask": [[True], [False]], "track_slots": [5, 6]},
+        ValueError,
+        r"track_mask must be 1-D .*got shape \(2, 1\)$",
+    ),
+    (
+        {"track_interval": 8, "track_mask": "ab", "track_slots": [5, 6]},
+        TypeError,
+        r"track_mask must be a 1-D sequence of bools .*; got str$",
+    ),
+    (
+        {"track_interval": 8, "track_mask": [True, False], "track_slots": [[5], [6]]},
+        ValueError,
+        r"track_slots must be 1-D .*got shape \(2, 1\)$",
+    ),
+    # values past int64: numpy would wrap them, silently
+    ({"prefix_lens": [2**63, 0]}, ValueError, r"prefix_lens\[0\] = 9223372036854775808 does not fit int64$"),
+    ({"prefix_lens": [0, 2**64]}, ValueError, r"prefix_lens\[1\] = 18446744073709551616 does not fit int64$"),
+    (  # numpy makes these lists uint64 (all past int64), which int64 would wrap
+        {"extend_lens": [2**63], "prefix_lens": [2**63 + 1], "slots": [2**63 + 2]},
+        ValueError,
+        r"extend_lens\[0\] = 9223372036854775808 does not fit int64$",
+    ),
+    (
+        {"slots": np.array([0, 2**63 + 1], dtype=np.uint64)},
+        ValueError,
+        r"slots\[1\] = 9223372036854775809 does not fit int64$",
+    ),
+    # positions and offsets that would overflow int64
+    (
+        {"prefix_lens": [0, 2**63 - 3]},
+        ValueError,
+        r"prefix_lens\[1\] \+ extend_lens\[1\] = 9223372036854775810: the row's positions overflow int64$",
+    ),
+    (
+        {"extend_lens": [2**62, 2**62]},
+        ValueError,
+        r"extend_lens sum to 9223372036854775808 tokens: the token offsets overflow int64$",
+    ),
+    (
+        {"chunk_size": 2**61, "conv_kernel": 2},
+        ValueError,
+        r"extend_lens hold 10 prefill tokens; with chunk_size 2305843009213693952 and conv_kernel 2, the plan's chunk and conv window indices overflow int64$",
+    ),
+]
+
+
+@pytest.mark.parametrize(("over", "exc", "match"), _TYPED_REFUSALS)
+@pytest.mark.parametrize("entry", ["plan_host", "plan_mixed_batch"])
+def test_refuses_wrongly_typed_arguments_before_computing(
+    monkeypatch: pytest.MonkeyPatch,
+    entry: str,
+    over: dict[str, Any],
+    exc: type[Exception],
+    match: str,
+) -> None:
+    _nothing_computed(monkeypatch)
+    with pytest.raises(exc, match=match):
+        (_host if entry == "plan_host" else _plan)(**over)
+
+
+def test_integer_arrays_of_every_width_plan_alike() -> None:
+    # numpy's unsigned and narrow dtypes within int64, tuples and int subclasses plan as
+    # the plain lists do; the refusal of values past int64 above is the only difference
+    class Width(int):
+        pass
+
+    want = _host(extend_lens=[5, 7], prefix_lens=[0, 3], slots=[4, 2])
+    for got in (
+        _host(extend_lens=np.array([5, 7], dtype=np.uint64), prefix_lens=(0, 3),
+              slots=torch.tensor([4, 2], dtype=torch.uint8)),
+        _host(extend_lens=range(5, 9, 2), prefix_lens=np.array([0, 3], dtype=np.int8),
+              slots=[4, 2], chunk_size=Width(8)),
+    ):  # fmt: skip
+        assert list(got.arrays) == list(want.arrays)
+        for name, a in want.arrays.items():
+            assert np.array_equal(got.arrays[name], a), name
+    with pytest.raises(ValueError, match=r"extend_lens\[0\] = 9223372036854775808 does not fit"):
+        _host(extend_lens=np.array([2**63, 7], dtype=np.uint64))
+
+
+def test_refuses_a_device_that_is_no_device() -> None:
+    with pytest.raises(TypeError, match=r"^plan_mixed_batch: device must be a torch\.device or a str, got float 3\.0$"):
+        _plan(device=3.0)
+    with pytest.raises(ValueError, match=r"^plan_mixed_batch: device 'gpu0' is not a device name"):
+        _plan(device="gpu0")
+
+
+@metadata(extension=True, conventions=Conventions(row_order=RowOrder.DECODES_FIRST, null_slot=0))
+class _VllmForward(ForwardMetadata):
+    """vLLM's conventions: decode rows first, null slot 0."""
+
+
+def test_decodes_first_worked_example() -> None:
+    # The track-kinds example above with its two decode rows first (vLLM's order): rows
+    # D3 (prefix 7), D4 (prefix 8), then P0, P1, P2. The decode rows' tokens come first,
+    # the prefill plan is the same (its tokens from 2), its mid-row saves name batch rows.
+    kw: dict[str, Any] = {
+        "extend_lens": [1, 1, 5, 4, 3],
+        "prefix_lens": [7, 8, 2, 1, 5],
+        "slots": [4, 5, 1, 2, 3],
+        "num_decodes": 2,
+        "chunk_size": 4,
+        "track_interval": 4,
+        "track_mask": [True] * 5,
+        "track_slots": [13, 14, 10, 11, 12],
+        "forward_cls": _VllmForward,
+    }
+    hp = _host(**kw)
+    assert (hp.final_rows, hp.h_rows, hp.recompute_rows) == ((0, 4), (3,), (2,))
+    with debug_mode():
+        md = _plan(**kw)
+    assert isinstance(md, Mamba2Metadata)
+    assert md.conventions.decodes_first and md.conventions.null_slot == 0
+    assert md.query_start_loc.tolist() == [0, 1, 2, 7, 11, 14]
+    assert (md.decode_rows(), md.prefill_rows()) == (slice(0, 2), slice(2, 5))
+    assert md.prefill_slots.tolist() == [1, 2, 3]
+    assert md.mixed is not None
+    tr = md.mixed.track
+    assert (tr.h_rows.tolist(), tr.recompute_rows.tolist()) == ([3], [2])
+    assert (tr.h_chunk.tolist(), tr.recompute_chunk.tolist(), tr.recompute_len.tolist()) == (
+        [2], [0], [2]
+    )  # fmt: skip
+    assert tr.windows.tolist() == [[5, 6, 7], [12 + 0 + 2, 0, 1]]  # prefill-relative
+    assert md.mixed.chunks.start.tolist()[:2] == [0, 4]
+    # the rows that save nothing hold the declared null slot, 0
+    assert md.mamba_track_indices is not None and md.mamba_track_mask is not None
+    assert md.mamba_track_indices.tolist() == [13, 0, 10, 11, 12]
+    assert md.mamba_track_mask.tolist() == [True, False, False, False, True]
+
+
+@pytest.mark.parametrize(
+    ("over", "exc", "match"),
+    [
+        # decode rows first: rows 0..num_decodes-1 are the decode rows
+        (
+            {"extend_lens": [5, 1], "prefix_lens": [3, 3], "num_decodes": 1},
+            ValueError,
+            r"extend_lens\[0\] = 5 but row 0 is a decode row \(decode rows come first \(RowOrder\.DECODES_FIRST\)",
+        ),
+        (
+            {"extend_lens": [1, 5], "prefix_lens": [0, 3], "num_decodes": 1},
+            ValueError,
+            r"prefix_lens\[0\] = 0 but row 0 is a decode row",
+        ),
+        # the null slot (0) is no live row's
+        ({"slots": [1, 0]}, ValueError, r"slots\[1\] = 0 is the null slot 0 \(Conventions\.null_slot\), which no live row holds"),
+        (
+            {"track_interval": 8, "track_mask": [False, True], "track_slots": [7, 0]},
+            ValueError,
+            r"track_slots\[1\] = 0 is the null slot 0 \(Conventions\.null_slot\) but track_mask\[1\] is set",
+        ),
+    ],
+)
+def test_decodes_first_and_null_slot_rules(
+    over: dict[str, Any], exc: type[Exception], match: str
+) -> None:
+    kw: dict[str, Any] = {"slots": [1, 2], "forward_cls": _VllmForward, **over}
+    with pytest.raises(exc, match=match):
+        _plan(**kw)
+    with pytest.raises(exc, match=match):
+        _host(**kw)
+
+
+class _Undecorated(ForwardMetadata):
+    pass
+
+
+@pytest.mark.parametrize(
+    ("cls", "match"),
+    [
+        ("ForwardMetadata", r"forward_cls must be ForwardMetadata or an engine's extension of it"),
+        (Mamba2Metadata, r"forward_cls Mamba2Metadata is a derived metadata class \(built only through evolve_from\)"),
+        (_Undecorated, r"_Undecorated subclasses the metadata class ForwardMetadata but is not decorated"),
+    ],
+)
+def test_refuses_a_forward_cls_the_planner_cannot_build(cls: object, match: str) -> None:
+    with pytest.raises(TypeError, match=match):
+        _plan(forward_cls=cls)
+    with pytest.raises(TypeError, match=match):
+        plan_verify_host(slots=[0, 1], draft_token_num=2, forward_cls=cls)  # type: ignore[arg-type]

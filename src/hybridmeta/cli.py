@@ -3,7 +3,8 @@
 ``hybridmeta [run] [options]`` runs the main job: the reference runtime's end-to-end check
 (the default mode; ``hybridmeta run --help``). ``hybridmeta demo`` is a short tour of the
 metadata layer. ``hybridmeta --help`` lists every mode. A mode is one entry of
-:data:`MODES`: a one-line summary and a ``main(argv) -> exit status``.
+:data:`MODES`: a one-line summary and a ``main(argv) -> exit status``. Each mode imports
+what it needs when it runs: ``hybridmeta audit`` (a static check) starts without torch.
 """
 
 from __future__ import annotations
@@ -14,18 +15,19 @@ import sys
 from collections.abc import Callable, Sequence
 
 import attrs
-import torch
-
-from hybridmeta import (
-    ForwardMetadata,
-    Mamba2Metadata,
-    fields_of,
-    plan_mixed_batch,
-    prepare_decode,
-)
 
 
 def _demo() -> int:
+    import torch
+
+    from hybridmeta import (
+        ForwardMetadata,
+        Mamba2Metadata,
+        fields_of,
+        plan_mixed_batch,
+        prepare_decode,
+    )
+
     print("hybridmeta: the metadata layer in five steps\n")
     md = plan_mixed_batch(
         extend_lens=[5, 5, 1, 1],

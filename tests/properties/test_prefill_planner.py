@@ -2,20 +2,36 @@
 
 from __future__ import annotations
 
+from contextlib import ExitStack
+from itertools import pairwise
 from typing import Any
+from unittest import mock
 
 import attrs
+import pytest
 import torch
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from hybridmeta import ForwardMetadata, Mamba2Metadata, conventions_of, planner
 from hybridmeta.chunks import chunk_indices_offsets_oracle
 from hybridmeta.core import fields_of
 from hybridmeta.debug import debug_mode
 from hybridmeta.planner import BOOL_PARTS, plan_host, plan_mixed_batch
 from hybridmeta.staging import to_device_packed
 from tests.oracle import oracle_track_plan
-from tests.properties.strategies.prefill import BatchSpec, batch_specs, plan_of
+from tests.properties.strategies.prefill import (
+    ROW_ORDER_FORWARDS,
+    WRONG_ARGUMENT_KINDS,
+    BatchSpec,
+    batch_specs,
+    decodes_first,
+    make_layer,
+    plan_kwargs,
+    plan_of,
+    run_pipeline,
+    wrong_plan_arguments,
+)
 
 
 def _walk(spec: BatchSpec) -> tuple[list[int], list[int], list[int], list[tuple[str, int, int]]]:
@@ -183,3 +199,113 @@ def test_one_call_equals_the_two_steps(spec: BatchSpec, track: bool) -> None:
     for name, g in got.items():
         if isinstance(g, torch.Tensor):
             assert g.untyped_storage().data_ptr() == base, name
+
+
+@given(data=st.data(), spec=batch_specs(min_prefills=0, max_decodes=3))
+def test_wrong_arguments_are_refused_by_name_before_planning(
+    data: st.DataObject, spec: BatchSpec
+) -> None:
+    # One argument of a valid batch made wrong, of each kind in turn (a count's type, a
+    # per-row argument's shape or dtype, a value past int64, an overflowing position):
+    # refused with a message naming it and the rule, before any phase of the plan runs
+    # (each phase after the checks raises if reached).
+    assume(len(spec.extend_lens) > 0)
+
+    def computed(*_: object, **__: object) -> None:
+        raise AssertionError("planned from a wrong argument")
+
+    with ExitStack() as stack:
+        for phase in ("_track_kinds", "_chunks", "_conv_windows", "_pack"):
+            stack.enter_context(mock.patch.object(planner, phase, computed))
+        for kind in WRONG_ARGUMENT_KINDS:
+            name, wrong, rule = data.draw(wrong_plan_arguments(spec, kind), label=kind)
+            kw = {**plan_kwargs(spec), name: wrong}
+            for entry in (plan_host, plan_mixed_batch):
+                with pytest.raises((TypeError, ValueError)) as err:
+                    entry(**kw)
+                message = str(err.value)
+                assert message.startswith("plan_mixed_batch: "), message
+                assert name in message, message
+                assert rule in message, message
+
+
+@given(spec=batch_specs(min_prefills=0, max_decodes=3), cls=st.sampled_from(ROW_ORDER_FORWARDS))
+def test_decodes_first_batches_plan_the_same_requests(
+    spec: BatchSpec, cls: type[ForwardMetadata]
+) -> None:
+    # The same batch with its decode rows first (vLLM's order, declared on the engine's
+    # source class) plans the same requests: every per-row field is the prefills-first
+    # one permuted, the prefill rows and decode rows select the same requests, the prefill
+    # plan is the same with its batch rows renamed, and the prefill ops leave every slot
+    # of the pools identical.
+    assume(len(spec.extend_lens) > 0)
+    null = conventions_of(cls).null_slot
+    if null >= 0:  # a reserved null slot is no live row's: move the batch's slots past it
+        spec = attrs.evolve(
+            spec,
+            slots=tuple(s + 1 for s in spec.slots),
+            track_slots=tuple(s + 1 for s in spec.track_slots),
+            pool_size=spec.pool_size + 1,
+        )
+    kw, perm = decodes_first(spec)
+    pos = {r: i for i, r in enumerate(perm)}  # prefills-first row -> decodes-first row
+    md = plan_of(spec)
+    with debug_mode():  # the debug checks accept the decodes-first plan (and its null slot)
+        df = plan_mixed_batch(**kw, forward_cls=cls)
+    assert isinstance(df, Mamba2Metadata) and conventions_of(df) == conventions_of(cls)
+    assert (df.num_prefills, df.num_decodes, df.num_prefill_tokens) == (
+        md.num_prefills, md.num_decodes, md.num_prefill_tokens
+    )
+
+    def permuted(values: list[Any]) -> list[Any]:
+        return [values[r] for r in perm]
+
+    def lens(t: torch.Tensor) -> list[int]:
+        q = t.tolist()
+        return [b - a for a, b in pairwise(q)]
+
+    assert df.query_start_loc.tolist()[0] == 0
+    assert lens(df.query_start_loc) == permuted(lens(md.query_start_loc))
+    assert df.mamba_cache_indices.tolist() == permuted(md.mamba_cache_indices.tolist())
+    assert df.mamba_track_mask is not None and md.mamba_track_mask is not None
+    assert df.mamba_track_mask.tolist() == permuted(md.mamba_track_mask.tolist())
+    assert df.mamba_track_indices is not None and md.mamba_track_indices is not None
+    assert df.mamba_track_indices.tolist() == [
+        null if v == -1 else v for v in permuted(md.mamba_track_indices.tolist())
+    ]
+    assert df.has_mamba_track_mask == md.has_mamba_track_mask
+    assert df.prefill_slots.tolist() == md.prefill_slots.tolist()
+    dec_df = df.mamba_cache_indices[df.decode_rows()]
+    assert dec_df.tolist() == md.mamba_cache_indices[md.decode_rows()].tolist()
+    hp, hp_df = plan_host(**plan_kwargs(spec)), plan_host(**kw, forward_cls=cls)
+    views = to_device_packed(hp_df.arrays, torch.device("cpu"), as_bool=BOOL_PARTS)
+    assert hp_df.forward_cls is cls and isinstance(hp_df.forward(views), cls)
+    two_steps, one_call = _leaves(hp_df.metadata(views)), _leaves(df)  # the same metadata
+    assert two_steps.keys() == one_call.keys()
+    for name, w in two_steps.items():
+        g = one_call[name]
+        assert torch.equal(g, w) if isinstance(w, torch.Tensor) else g == w, name
+    assert list(hp_df.final_rows) == sorted(pos[r] for r in hp.final_rows)
+    assert list(hp_df.h_rows) == [pos[r] for r in hp.h_rows]
+    assert list(hp_df.recompute_rows) == [pos[r] for r in hp.recompute_rows]
+    if not spec.num_prefills:
+        assert df.mixed is None and md.mixed is None
+        return
+    assert df.mixed is not None and md.mixed is not None
+    want, got = _leaves(md.mixed), _leaves(df.mixed)
+    assert got.keys() == want.keys()
+    for name, w in want.items():
+        g = got[name]
+        if name in ("track.h_rows", "track.recompute_rows"):  # batch rows
+            assert g.tolist() == [pos[r] for r in w.tolist()], name
+        elif isinstance(w, torch.Tensor):
+            assert torch.equal(g, w), name
+        else:
+            assert g == w, name
+    # the prefill ops (conv, scan, extend track-save, then the forward's track-save) over
+    # either plan: every slot of both pools bit-identical
+    pf_data, df_data = make_layer(spec), make_layer(spec)
+    run_pipeline(spec, pf_data, md)
+    run_pipeline(spec, df_data, df)
+    assert torch.equal(df_data.conv_pool, pf_data.conv_pool)
+    assert torch.equal(df_data.ssm_pool, pf_data.ssm_pool)

@@ -70,7 +70,7 @@ def test_derived_sizes() -> None:
         ({"head_dim": 0}, r"'head_dim' must be a positive int, got 0"),
         ({"num_attention_heads": 0}, r"'num_attention_heads' must be a positive int, got 0"),
         ({"num_key_value_heads": "2"}, r"'num_key_value_heads' must be a positive int, got '2'"),
-        ({"intermediate_size": None}, r"required key 'intermediate_size' is missing"),
+        ({"intermediate_size": None}, r"'intermediate_size' must be a positive int, got None"),
         ({"mamba_num_heads": 0}, r"'mamba_num_heads' must be a positive int, got 0"),
         ({"mamba_head_dim": [8]}, r"'mamba_head_dim' must be a positive int, got \[8\]"),
         ({"ssm_state_size": 0}, r"'ssm_state_size' must be a positive int, got 0"),
@@ -208,3 +208,184 @@ def test_read_config_prefixes_the_path_once(tmp_path: Path) -> None:
     assert str(info.value) == (
         f"{tmp_path / 'config.json'}: 'head_dim' must be a positive int, got 'eight'"
     )
+
+
+# --- keys two readers resolve differently --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        pytest.param(
+            {"layers_block_type": ["mamba", "attention", "mlp", "mamba", "attention", "mamba",
+                                   "mlp", "attention"]},
+            r"'layers_block_type' \('M\*-M\*M-\*'\) and 'hybrid_override_pattern' "
+            r"\('M\*M-M\*-M'\) describe different layers",
+            id="block-types-vs-pattern",
+        ),
+        pytest.param(
+            {"layer_types": ["mamba"] * 8},
+            r"'layer_types' \('MMMMMMMM'\) and 'hybrid_override_pattern'",
+            id="layer-types-vs-pattern",
+        ),
+        pytest.param(
+            {"mamba_n_groups": 4},
+            r"'mamba_n_groups' 4 and 'n_groups' 2 disagree, which readers resolve differently "
+            r"\(transformers reads the legacy 'mamba_n_groups'\); keep one of them",
+            id="legacy-n_groups",
+        ),
+        pytest.param({"mamba_d_conv": 3}, r"'mamba_d_conv' 3 and 'conv_kernel' 4", id="legacy-conv"),
+        pytest.param(
+            {"mamba_conv_bias": False}, r"'mamba_conv_bias' False and 'use_conv_bias' True",
+            id="legacy-conv-bias",
+        ),
+        pytest.param(
+            {"mamba_dt_min": 0.01}, r"'mamba_dt_min' 0\.01 and 'time_step_min' 0\.001",
+            id="legacy-dt-min",
+        ),
+    ],
+)  # fmt: skip
+def test_two_spellings_that_disagree_are_refused(changes: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        NemotronHConfig.from_dict(_raw(**changes))
+
+
+def test_two_spellings_that_agree_are_read() -> None:
+    raw = _raw(
+        layers_block_type=["mamba", "attention", "mamba", "mlp", "mamba", "attention", "mlp",
+                           "mamba"],
+        layer_types=["linear_attention", "full_attention", "mamba", "mlp", "mamba", "attention",
+                     "mlp", "mamba"],
+        mamba_n_groups=2, mamba_chunk_size=8, mamba_conv_bias=True,
+    )  # fmt: skip
+    assert NemotronHConfig.from_dict(raw) == tiny_config()
+
+
+def test_a_legacy_key_alone_is_read_and_named_in_refusals() -> None:
+    raw = _raw()
+    raw["mamba_chunk_size"] = raw.pop("chunk_size")
+    assert NemotronHConfig.from_dict(raw).chunk_size == 8
+    raw["mamba_chunk_size"] = "8"
+    with pytest.raises(
+        ConfigError, match=r"'mamba_chunk_size' \(read as 'chunk_size'\) must be a positive int"
+    ):
+        NemotronHConfig.from_dict(raw)
+    raw = _raw()
+    raw["mamba_dt_limit"] = raw.pop("time_step_limit", [0.0, 1.0])
+    raw["mamba_dt_limit"] = [0.0, 1.0]
+    with pytest.raises(ConfigError, match=r"'mamba_dt_limit' \(read as 'time_step_limit'\)"):
+        NemotronHConfig.from_dict(raw)
+
+
+def test_absent_attention_sizes_take_transformers_defaults() -> None:
+    """transformers' NemotronHConfig: 32 heads, 8 KV heads, head_dim 128 (not hidden / heads)."""
+    raw = _raw()
+    for key in ("num_attention_heads", "num_key_value_heads", "head_dim"):
+        del raw[key]
+    cfg = NemotronHConfig.from_dict(raw)
+    assert (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim) == (32, 8, 128)
+    raw["num_attention_heads"] = 4
+    with pytest.raises(
+        ConfigError,
+        match=r"'num_attention_heads' must be a multiple of 'num_key_value_heads', got 4 and "
+        r"8 \(absent: transformers' default\)",
+    ):
+        NemotronHConfig.from_dict(raw)
+    raw["head_dim"] = None  # present but null: refused, as transformers 5 refuses it
+    del raw["num_attention_heads"]
+    with pytest.raises(ConfigError, match=r"'head_dim' must be a positive int, got None"):
+        NemotronHConfig.from_dict(raw)
+
+
+def test_attention_head_dim_is_not_read() -> None:
+    raw = _raw(attention_head_dim=8)
+    assert NemotronHConfig.from_dict(raw).head_dim == 8  # head_dim present: it decides
+    del raw["head_dim"]
+    with pytest.raises(
+        ConfigError, match=r"'head_dim' is missing and 'attention_head_dim' is 8, which readers"
+    ):
+        NemotronHConfig.from_dict(raw)
+    raw["attention_head_dim"] = 128  # agrees with transformers' default
+    assert NemotronHConfig.from_dict(raw).head_dim == 128
+    no_attention = _raw(hybrid_override_pattern="M-M", num_hidden_layers=3, attention_head_dim=8)
+    del no_attention["head_dim"]
+    assert NemotronHConfig.from_dict(no_attention).head_dim == 128  # unused: no conflict
+
+
+def test_size_rules_apply_to_the_layers_that_exist() -> None:
+    """Head divisibility only where the layers exist (transformers builds no other)."""
+    no_attention = _raw(hybrid_override_pattern="M-M", num_hidden_layers=3,
+                        num_attention_heads=3, num_key_value_heads=2)  # fmt: skip
+    assert NemotronHConfig.from_dict(no_attention).pattern == "M-M"
+    no_mamba = _raw(hybrid_override_pattern="*-", num_hidden_layers=2, n_groups=3)
+    assert NemotronHConfig.from_dict(no_mamba).n_groups == 3
+    with pytest.raises(ConfigError, match=r"'mamba_num_heads' must be a multiple of 'n_groups'"):
+        NemotronHConfig.from_dict(_raw(n_groups=3))
+    with pytest.raises(ConfigError, match=r"multiple of 'num_key_value_heads'"):
+        NemotronHConfig.from_dict(_raw(num_key_value_heads=3))
+
+
+# --- every key's type, named -----------------------------------------------------------------
+
+FLAGS = ["use_conv_bias", "use_bias", "mlp_bias", "tie_word_embeddings", "attention_bias"]
+COUNTS = [
+    "vocab_size", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+    "intermediate_size", "mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups",
+    "conv_kernel", "chunk_size", "num_hidden_layers",
+]  # fmt: skip
+NOT_BOOLS = ["true", "false", 1, 0, None, [True], {"v": True}]
+NOT_INTS = ["8", 8.0, True, False, None, [8], {"v": 8}, 2.5]
+
+
+@pytest.mark.parametrize("key", FLAGS)
+@pytest.mark.parametrize("value", NOT_BOOLS, ids=repr)
+def test_flags_must_be_bools(key: str, value: object) -> None:
+    if key == "attention_bias" and value is None:
+        return  # null is transformers' "no bias"
+    with pytest.raises(ConfigError, match=rf"^config\.json: '{key}' must be a(?: bool|) "):
+        NemotronHConfig.from_dict(_raw(**{key: value}))
+
+
+@pytest.mark.parametrize("key", COUNTS)
+@pytest.mark.parametrize("value", NOT_INTS, ids=repr)
+def test_counts_must_be_ints(key: str, value: object) -> None:
+    if key == "num_hidden_layers" and value is None:
+        return  # transformers ignores num_hidden_layers (derived from the layer list)
+    with pytest.raises(ConfigError, match=rf"^config\.json: '{key}' must be a(n int|) "):
+        NemotronHConfig.from_dict(_raw(**{key: value}))
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"layers_block_type": [{"a": 1}]}, r"'layers_block_type' must be a non-empty list of"),
+        ({"layers_block_type": [["mamba"]]}, r"'layers_block_type' must be a non-empty list of"),
+        ({"layer_types": "mamba"}, r"'layer_types' must be a non-empty list of"),
+        ({"layers_block_type": []}, r"'layers_block_type' must be a non-empty list of"),
+        ({"hybrid_override_pattern": ["M"]}, r"'hybrid_override_pattern' must be a non-empty str"),
+        ({"mlp_hidden_act": ["relu2"]}, r"'mlp_hidden_act' must be a str \('relu2'\), got"),
+        ({"mamba_hidden_act": 1}, r"'mamba_hidden_act' must be a str \('silu'\), got 1"),
+        ({"attention_bias": "false"}, r"'attention_bias' must be a bool, got 'false'"),
+        ({"layer_norm_epsilon": True}, r"'layer_norm_epsilon' must be a finite number > 0, got True"),
+        ({"time_step_min": [0.1]}, r"'time_step_min' must be a finite number >= 0, got \[0\.1\]"),
+    ],
+)
+def test_other_keys_of_the_wrong_type_are_named(changes: dict[str, Any], message: str) -> None:
+    raw = _raw(**changes)
+    if "layers_block_type" in changes or "layer_types" in changes:
+        del raw["hybrid_override_pattern"]
+    with pytest.raises(ConfigError, match=message):
+        NemotronHConfig.from_dict(raw)
+
+
+def test_moe_block_types_are_named_by_their_key() -> None:
+    raw = _raw(layers_block_type=["mamba", "moe"], num_hidden_layers=2)
+    del raw["hybrid_override_pattern"]
+    with pytest.raises(ConfigError, match=r"'layers_block_type' has layers of kind \['E'\] at"):
+        NemotronHConfig.from_dict(raw)
+
+
+def test_deeply_nested_json_is_refused_by_name(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ConfigError, match=r"config\.json: not valid JSON \(nested too deeply\)"):
+        read_config(tmp_path)

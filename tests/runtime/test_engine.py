@@ -11,9 +11,10 @@ import torch
 
 from hybridmeta import ForwardMetadata
 from hybridmeta.kernels import Impl, implementation
-from hybridmeta.runtime.engine import Finished, Runtime, RuntimeOptions, cold_logits
+from hybridmeta.runtime.engine import Finished, Request, Runtime, RuntimeOptions, cold_logits
 from hybridmeta.runtime.job import kl_per_position
 from hybridmeta.runtime.model import NemotronH
+from hybridmeta.runtime.spec import ngram_draft
 
 # fp32, every position. A cache hit and a cold recompute reach a token through different
 # fp32 paths (chunked scan from a saved state vs one pass), |dlogp| ~1e-6 (KL ~1e-12); a
@@ -351,3 +352,82 @@ def test_overlapped_decode_tokens_land_before_the_host_needs_them(tiny_model: Ne
     assert left is None
     assert len(done[rid].output) == 6
     assert float(_cold_kl(tiny_model, done[rid]).max()) <= KL_FP32
+
+
+def test_prefill_rows_take_the_budget_and_split_on_track_boundaries(tiny_model: NemotronH) -> None:
+    """The plan phase of a step alone: rows within the token budget, a prompt longer than
+    what is left split on a track boundary (or skipped), one track slot reserved for each
+    row's last boundary reached, and nothing run or advanced yet."""
+    rt = Runtime(tiny_model, _opts(max_prefill_tokens=40, use_graphs=False))
+    prompts = [_tokens(50, seed=1), _tokens(30, seed=2), _tokens(7, seed=3)]
+    for p in prompts:
+        rt.submit(p, 2)
+    rt._admit()
+    before = rt.pool.ssm.clone()
+    rows, chunk_ids, tracks, commits = rt._prefill_rows()
+    # 50 > 40: 32 tokens (two intervals); 30 > 8 left: no interval fits, skipped; 7 <= 8
+    assert [(req.prompt, start, take) for req, start, take in rows] == [
+        (tuple(prompts[0]), 0, 32),
+        (tuple(prompts[2]), 0, 7),
+    ]
+    assert chunk_ids == prompts[0][:32] + prompts[2]
+    # row 0 reaches boundaries 16 and 32: the planner saves the last, so 32 is reserved
+    assert len(tracks) == 1 and tracks[0][0] == 0
+    assert commits == [(tuple(prompts[0][:32]), tracks[0][1])]
+    assert all(r.num_computed == 0 for r in rt._running)
+    assert torch.equal(rt.pool.ssm, before)
+
+
+def test_decode_tracks_reserve_the_rows_reaching_a_boundary(tiny_model: NemotronH) -> None:
+    """The decode plan phase: a track slot for each row whose length reaches a multiple of
+    the interval with this token, its cache key the tokens up to that boundary."""
+    rt = Runtime(tiny_model, _opts(use_graphs=False))
+    reqs = [
+        Request(rid=i, prompt=(1,), max_new_tokens=40, forced=None, tokens=_tokens(n + 1, seed=i),
+                num_computed=n, slot=i)
+        for i, n in enumerate((14, 15, 31))
+    ]  # fmt: skip
+    commits: list[tuple[tuple[int, ...], int]] = []
+    slots, tracks = rt._decode_tracks(reqs, commits)
+    assert slots == [0, 1, 2]
+    # rows 1 and 2 reach 16 and 32 with this token; row 0 reaches 15
+    assert [row for row, _ in tracks] == [1, 2]
+    assert commits == [
+        (tuple(reqs[1].tokens[:16]), tracks[0][1]),
+        (tuple(reqs[2].tokens[:32]), tracks[1][1]),
+    ]
+    # the plan without a track save is reused while the rows stay; a track save replans
+    hp = rt._decode_host_plan([r.num_computed for r in reqs], slots, [])
+    assert rt._decode_host_plan([15, 16, 32], slots, []) is hp
+    assert rt._decode_host_plan([15, 16, 32], slots, tracks) is not hp
+    assert rt._decode_host_plan([15, 16, 32], [2, 1, 0], []) is not hp
+
+
+def test_draft_lays_out_the_verify_rows(tiny_model: NemotronH) -> None:
+    """A verify step's host phase: each row's pending token and prompt-lookup draft,
+    padded to the step's width with its last token; the forced targets (or -1); a track
+    slot for a row whose draft may cross a boundary, keyed as if the draft were accepted."""
+    rt = Runtime(tiny_model, _opts(use_graphs=False, spec_tokens=3))
+    loop = [5, 6, 7] * 4 + [5]  # 13 tokens: the drafter continues the loop
+    reqs = [
+        Request(rid=0, prompt=(5,), max_new_tokens=30, forced=None, tokens=list(loop),
+                num_computed=12, slot=0),
+        # one generated (forced) token, 9, still pending; no suffix repeats: no draft
+        Request(rid=1, prompt=(1, 2, 3, 4), max_new_tokens=30, forced=(9, 8, 7, 6, 5),
+                tokens=[1, 2, 3, 4, 9], num_computed=4, slot=1),
+        # its last token to come: no room for a draft, though its suffix repeats
+        Request(rid=2, prompt=(1, 2, 1), max_new_tokens=2, forced=None, tokens=[1, 2, 1, 2],
+                num_computed=3, slot=2),
+    ]  # fmt: skip
+    d = rt._draft(reqs)
+    draft0 = ngram_draft(loop, 3, max_ngram=3)
+    assert draft0 == [6, 7, 5]
+    assert d.num_tokens == 4 and d.draft_lens == [3, 0, 0]
+    assert d.slots == [0, 1, 2] and d.seq_lens == [12, 4, 3]
+    assert d.rows == [[loop[12], *draft0], [9, 9, 9, 9], [2, 2, 2, 2]]
+    assert d.targets == [[-1] * 4, [8, 7, 6, 5], [-1] * 4]
+    # row 0: its pending token and draft (positions 12..15) end on boundary 16; the key is
+    # the sequence as if the draft were accepted
+    assert list(d.tracked) == [0]
+    key, _, boundary = d.tracked[0]
+    assert boundary == 16 and key == tuple([*loop, *draft0][:16])

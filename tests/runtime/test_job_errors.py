@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from hybridmeta.runtime.job import main_job
+from tests.runtime.test_loader import UnblockFifos
 
 
 def _snapshot(root: Path) -> dict[str, tuple[int, int]]:
@@ -229,6 +230,84 @@ MODEL_CASES = [
 ]
 
 
+def _stale_single_beside_index(d: Path) -> Path:
+    _index(b"")(d)
+    sd = load_file(str(d / "model-1.safetensors")) | load_file(str(d / "model-2.safetensors"))
+    index = {"metadata": {}, "weight_map": {k: "model-1.safetensors" for k in sd}}
+    (d / "model.safetensors.index.json").write_text(json.dumps(index))
+    save_file(sd, str(d / "model-1.safetensors"))
+    (d / "model-2.safetensors").unlink()
+    save_file({k: v + 1 for k, v in sd.items()}, str(d / "model.safetensors"))
+    return d
+
+
+def _index_entry(entry: str) -> Callable[[Path], Path]:
+    def edit(d: Path) -> Path:
+        _index(b"")(d)
+        sd = load_file(str(d / "model-1.safetensors")) | load_file(str(d / "model-2.safetensors"))
+        save_file(sd, str(d / "model-1.safetensors"))
+        (d / "model-2.safetensors").unlink()
+        weight_map = {k: "model-1.safetensors" for k in sd}
+        weight_map["lm_head.weight"] = entry
+        index = d / "model.safetensors.index.json"
+        index.write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+        return index
+
+    return edit
+
+
+def _tied_with_another_head(d: Path) -> Path:
+    _edit_config(tie_word_embeddings=True)(d)
+    return d / "model.safetensors"
+
+
+def _fifo(d: Path) -> Path:
+    (d / "model.safetensors").unlink()
+    os.mkfifo(d / "model.safetensors")
+    return d / "model.safetensors"
+
+
+# Directories two readers read differently, and files that must not be opened: refused
+# before any weight is read (see test_loader.py and test_hf_checkpoints.py for each rule).
+MODEL_CASES += [
+    pytest.param(
+        _edit_config(layers_block_type=["mamba"] * 8),
+        ["'layers_block_type' ('MMMMMMMM') and 'hybrid_override_pattern' ('M*M-M*-M') "
+         "describe different layers, which readers resolve differently"],
+        id="pattern-vs-block-types",
+    ),
+    pytest.param(
+        _edit_config(mamba_chunk_size=16),
+        ["'mamba_chunk_size' 16 and 'chunk_size' 8 disagree"],
+        id="legacy-key-disagrees",
+    ),
+    pytest.param(
+        _stale_single_beside_index,
+        ["holds both model.safetensors and model.safetensors.index.json, which readers load "
+         "differently"],
+        id="index-and-single-file",
+    ),
+    pytest.param(
+        _tied_with_another_head,
+        ["config.json sets 'tie_word_embeddings' true, but the checkpoint stores a "
+         "'lm_head.weight' that differs from 'backbone.embeddings.weight'"],
+        id="tied-with-another-head",
+    ),
+    pytest.param(
+        _index_entry("../elsewhere.safetensors"),
+        ["'weight_map' entry 'lm_head.weight' names '../elsewhere.safetensors', which is not "
+         "a file inside the model directory"],
+        id="index-entry-outside",
+    ),
+    pytest.param(
+        _index_entry("/tmp/elsewhere.safetensors"),
+        ["names '/tmp/elsewhere.safetensors', which is not a file inside"],
+        id="index-entry-absolute",
+    ),
+    pytest.param(_fifo, ["is a FIFO, not a regular file"], id="fifo"),
+]  # fmt: skip
+
+
 @pytest.mark.parametrize(("corrupt", "expected"), MODEL_CASES)
 def test_unusable_checkpoints_are_refused_naming_the_file(
     tiny_dir: Path,
@@ -240,10 +319,34 @@ def test_unusable_checkpoints_are_refused_naming_the_file(
     d = tmp_path / "ckpt"
     shutil.copytree(tiny_dir, d)
     bad_file = corrupt(d)
-    line = _refused(["--device", "cpu", "--quiet", "--model", str(d)], tmp_root, watched=d)
+    with UnblockFifos(d):  # a job that opens a FIFO fails instead of hanging
+        line = _refused(["--device", "cpu", "--quiet", "--model", str(d)], tmp_root, watched=d)
     assert line.startswith(f"hybridmeta: error: {bad_file}: "), line
     for part in expected:
         assert part in line, line
+
+
+@pytest.mark.parametrize(
+    ("chunk_size", "expected"),
+    [
+        # the scan's [chunk, chunk] blocks alone are terabytes (the job allocated 26 GB and more)
+        (2**16, ["the workload needs at least", "the scan's [chunk, chunk] blocks",
+                 "GiB available (a smaller --track-interval, a multiple of the chunk size, "
+                 "shrinks it); track interval 131072"]),
+        (2**20, ["the track interval 2 x 'chunk_size' = 2097152 ('chunk_size' 1048576 in",
+                 "exceeds the job's largest, 1048576 tokens"]),
+    ],
+)  # fmt: skip
+def test_a_workload_that_cannot_fit_is_refused_before_loading(
+    tiny_dir: Path, tmp_path: Path, tmp_root: Path, chunk_size: int, expected: list[str]
+) -> None:
+    d = tmp_path / "ckpt"
+    shutil.copytree(tiny_dir, d)
+    _edit_config(chunk_size=chunk_size)(d)
+    line = _refused(["--device", "cpu", "--quiet", "--model", str(d)], tmp_root, watched=d)
+    for part in expected:
+        assert part in line, line
+    assert str(d / "config.json") in line
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
+import subprocess
+import sys
 import weakref
 from pathlib import Path
 from typing import Any
@@ -37,7 +41,7 @@ def test_loaded_weights_equal_the_file(tiny_dir: Path, tiny_model: NemotronH) ->
 def test_names_map_from_both_prefixes() -> None:
     assert runtime_name("backbone.layers.0.mixer.A_log") == "layers.0.mixer.A_log"
     assert runtime_name("model.layers.3.mixer.q_proj.weight") == "layers.3.mixer.q_proj.weight"
-    assert runtime_name("backbone.embedding.weight") == "embeddings.weight"
+    assert runtime_name("backbone.embedding.weight") == "embedding.weight"  # no alias
     assert runtime_name("lm_head.weight") == "lm_head.weight"
     assert runtime_name("mtp.layers.0.norm.weight") is None
 
@@ -311,3 +315,170 @@ def test_weights_stream_one_tensor_at_a_time(
     assert counter.most_open == 1
     assert all(r() is None for r in counter.handed_out)  # only the bf16 copies remain
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+
+
+_UNBLOCK = """
+import os, stat, sys, time
+from pathlib import Path
+time.sleep(float(sys.argv[2]))
+for p in Path(sys.argv[1]).rglob("*"):
+    if stat.S_ISFIFO(os.lstat(p).st_mode):
+        try:
+            fd = os.open(p, os.O_WRONLY | os.O_NONBLOCK)  # ENXIO: nobody is reading it
+        except OSError:
+            continue
+        os.write(fd, b"garbage")
+        os.close(fd)
+"""
+
+
+class UnblockFifos:
+    """After ``after`` seconds, a separate process opens every FIFO under a directory for
+    writing (then closes it), so a loader that wrongly opens one fails the test instead of
+    hanging it. A process, not a thread: a reader blocked in ``open`` may hold the GIL."""
+
+    def __init__(self, root: Path, after: float = 20.0) -> None:
+        self._argv = [sys.executable, "-c", _UNBLOCK, str(root), str(after)]
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> UnblockFifos:
+        self._proc = subprocess.Popen(self._argv)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._proc is not None
+        self._proc.kill()
+        self._proc.wait()
+
+
+def _fifo(path: Path) -> Path:
+    path.unlink(missing_ok=True)
+    os.mkfifo(path)
+    return path
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
+@pytest.mark.parametrize(
+    ("layout", "name"),
+    [
+        pytest.param("single", "model.safetensors", id="single-file"),
+        pytest.param("glob", "weights.safetensors", id="glob"),
+        pytest.param("sharded", "a.safetensors", id="shard"),
+        pytest.param("sharded", "model.safetensors.index.json", id="index"),
+        pytest.param("single", "config.json", id="config"),
+    ],
+)
+def test_a_fifo_is_refused_before_it_is_opened(
+    tiny_dir: Path, tmp_path: Path, layout: str, name: str
+) -> None:
+    """Opening a FIFO blocks until a writer comes: the loader must refuse it unopened."""
+    d = (
+        _sharded(tiny_dir, tmp_path / "ckpt")
+        if layout == "sharded"
+        else _copy(tiny_dir, tmp_path / "ckpt")
+    )
+    if layout == "glob":
+        (d / "model.safetensors").rename(d / "b.safetensors")
+    fifo = _fifo(d / name)
+    error = ConfigError if name == "config.json" else CheckpointError
+    with UnblockFifos(d), pytest.raises(error) as info:
+        load_nemotron_h(d)
+    assert str(info.value) == f"{fifo}: is a FIFO, not a regular file; only regular files are read"
+
+
+def test_other_non_regular_files_are_refused(tiny_dir: Path, tmp_path: Path) -> None:
+    d = _copy(tiny_dir, tmp_path / "ckpt")
+    (d / "model.safetensors").rename(d / "a.safetensors")
+    (d / "b.safetensors").mkdir()
+    with pytest.raises(CheckpointError, match=r"b\.safetensors: is a directory, not a regular"):
+        load_nemotron_h(d)
+    (d / "b.safetensors").rmdir()
+    if Path("/dev/zero").exists():  # reads forever
+        (d / "b.safetensors").symlink_to("/dev/zero")
+        with pytest.raises(CheckpointError, match=r"b\.safetensors: is a character device"):
+            load_nemotron_h(d)
+        (d / "b.safetensors").unlink()
+    (d / "b.safetensors").symlink_to(d / "nowhere.safetensors")
+    with pytest.raises(CheckpointError, match=r"b\.safetensors: missing \(a dangling symbolic"):
+        load_nemotron_h(d)
+
+
+def test_symbolic_links_to_regular_files_are_read(tiny_dir: Path, tmp_path: Path) -> None:
+    """The Hugging Face cache links a snapshot's files to blobs outside the snapshot: the
+    containment rule is on the names the index lists, not on where links lead."""
+    blobs = tmp_path / "blobs"
+    blobs.mkdir()
+    d = _sharded(tiny_dir, tmp_path / "snapshot")
+    for p in list(d.iterdir()):
+        p.rename(blobs / p.name)
+        p.symlink_to(blobs / p.name)
+    model = load_nemotron_h(d)
+    assert torch.equal(model.norm_f.weight, load_nemotron_h(tiny_dir).norm_f.weight)
+
+
+@pytest.mark.parametrize(
+    "entry", ["../a.safetensors", "sub/../../a.safetensors", "/abs/a.safetensors", ".."]
+)
+def test_index_entries_must_stay_inside_the_directory(
+    tiny_dir: Path, tmp_path: Path, entry: str
+) -> None:
+    d = _sharded(tiny_dir, tmp_path / "ckpt")
+    index = d / "model.safetensors.index.json"
+    raw = json.loads(index.read_text())
+    raw["weight_map"]["lm_head.weight"] = entry
+    index.write_text(json.dumps(raw))
+    with pytest.raises(
+        CheckpointError,
+        match=rf"^{re.escape(str(index))}: 'weight_map' entry 'lm_head\.weight' names "
+        rf"'{re.escape(entry)}', which is not a file inside the model directory",
+    ):
+        load_nemotron_h(d)
+
+
+def test_index_entries_inside_a_subdirectory_are_read(tiny_dir: Path, tmp_path: Path) -> None:
+    d = _sharded(tiny_dir, tmp_path / "ckpt")
+    (d / "sub").mkdir()
+    (d / "b.safetensors").rename(d / "sub" / "b.safetensors")
+    index = d / "model.safetensors.index.json"
+    raw = json.loads(index.read_text())
+    raw["weight_map"] = {
+        k: ("sub/./b.safetensors" if v == "b.safetensors" else v)
+        for k, v in raw["weight_map"].items()
+    }
+    index.write_text(json.dumps(raw))
+    model = load_nemotron_h(d)
+    assert torch.equal(model.lm_head.weight, load_nemotron_h(tiny_dir).lm_head.weight)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (3, r"'transformers_weights' must name a \*\.safetensors or \*\.safetensors\.index\.json"),
+        ("weights.bin", r"'transformers_weights' must name a \*\.safetensors"),
+        (
+            "gone.safetensors",
+            r"gone\.safetensors: missing \(.*config\.json: 'transformers_weights'",
+        ),
+        ("/etc/x.safetensors", r"'transformers_weights' names '/etc/x\.safetensors', which is not"),
+    ],
+)
+def test_bad_transformers_weights_are_refused(
+    tiny_dir: Path, tmp_path: Path, value: object, message: str
+) -> None:
+    d = _copy(tiny_dir, tmp_path / "ckpt")
+    raw = json.loads((d / "config.json").read_text())
+    raw["transformers_weights"] = value
+    (d / "config.json").write_text(json.dumps(raw))
+    with pytest.raises((ConfigError, CheckpointError), match=message):
+        load_nemotron_h(d)
+
+
+def test_transformers_weights_may_name_an_index(tiny_dir: Path, tmp_path: Path) -> None:
+    d = _sharded(tiny_dir, tmp_path / "ckpt")
+    (d / "model.safetensors.index.json").rename(d / "other.safetensors.index.json")
+    shutil.copy(d / "a.safetensors", d / "model.safetensors")  # ignored: the config names the index
+    raw = json.loads((d / "config.json").read_text())
+    raw["transformers_weights"] = "other.safetensors.index.json"
+    (d / "config.json").write_text(json.dumps(raw))
+    model = load_nemotron_h(d)
+    assert torch.equal(model.lm_head.weight, load_nemotron_h(tiny_dir).lm_head.weight)

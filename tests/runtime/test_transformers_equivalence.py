@@ -10,6 +10,7 @@ BLAS (vector width, threads) sums in.
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -67,14 +68,23 @@ def _ours(model: NemotronH, tokens: torch.Tensor, prompt_len: int) -> torch.Tens
     return torch.cat(out)
 
 
+def _cache_kwarg(hf: Any) -> str:
+    """The keyword that hands the cache back to the model: ``cache`` from transformers 5.24
+    on (``past_key_values`` still accepted there, deprecated), ``past_key_values`` before
+    (5.19, sglang 0.5.23's pin, ignores an unknown ``cache=`` and decodes without state)."""
+    params = inspect.signature(hf.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
 def _theirs(hf: Any, tokens: torch.Tensor, prompt_len: int) -> torch.Tensor:
+    key = _cache_kwarg(hf)
     with torch.no_grad():
         out = hf(input_ids=tokens[None, :prompt_len], use_cache=True)
-        cache = out.cache if hasattr(out, "cache") else out.past_key_values
+        cache = getattr(out, key)
         steps = [out.logits[0]]
         for i in range(prompt_len, tokens.shape[0]):
-            o = hf(input_ids=tokens[None, i : i + 1], cache=cache, use_cache=True)
-            cache = o.cache if hasattr(o, "cache") else o.past_key_values
+            o = hf(input_ids=tokens[None, i : i + 1], use_cache=True, **{key: cache})
+            cache = getattr(o, key)
             steps.append(o.logits[0])
     return torch.cat(steps).float()
 

@@ -2,13 +2,19 @@
 
 Only what the reference runtime supports is accepted: Mamba2 mixer (``M``), attention
 (``*``) and MLP (``-``) layers. Anything else (MoE ``E`` layers, other activations,
-biases the reference implementation ignores) is refused with a message naming the key.
+biases the reference implementation ignores) is refused with a message naming the key, as
+is every key of the wrong type (bools for flags, ints for counts). Keys are read as
+``transformers`` (5.19 to 5.24) reads them: its precedence among the layer lists, its
+legacy names, its defaults of the attention sizes; where two spellings of one setting
+disagree (readers resolve them differently) the file is refused, naming both.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -21,6 +27,7 @@ __all__ = [
     "ConfigError",
     "NemotronHConfig",
     "as_float",
+    "check_regular_file",
     "read_config",
     "read_json",
 ]
@@ -37,7 +44,9 @@ _BLOCK_TYPES: dict[str, str] = {
 }
 _SUPPORTED = frozenset("M*-")
 
-# Keys renamed over the model's history (legacy name -> current name), as transformers reads them.
+# Keys renamed over the model's history (legacy name -> current name), as transformers
+# (5.19 to 5.24) maps them: where both are present it reads the legacy one, so two that
+# disagree are refused. transformers does not read ``attention_head_dim``.
 _LEGACY_KEYS: dict[str, str] = {
     "mamba_n_groups": "n_groups",
     "mamba_d_conv": "conv_kernel",
@@ -45,7 +54,14 @@ _LEGACY_KEYS: dict[str, str] = {
     "mamba_conv_bias": "use_conv_bias",
     "mamba_dt_min": "time_step_min",
     "mamba_dt_limit": "time_step_limit",
-    "attention_head_dim": "head_dim",
+}
+
+#: transformers' defaults of the attention sizes (its ``NemotronHConfig``), taken when a key
+#: is absent; for ``head_dim`` it does not derive ``hidden_size // num_attention_heads``.
+_HF_DEFAULTS: dict[str, int] = {
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
 }
 
 
@@ -100,7 +116,7 @@ def _decode_float_tags(obj: dict[str, Any]) -> Any:
     return obj
 
 
-def _check_time_step_limit(limit: object) -> None:
+def _check_time_step_limit(limit: object, key: str = "'time_step_limit'") -> None:
     """``time_step_limit`` is ``[min, inf]``: dt has no upper clamp (as in ``transformers``)."""
     if limit is None:
         return
@@ -109,15 +125,15 @@ def _check_time_step_limit(limit: object) -> None:
     )
     if len(values) != 2 or values[0] is None or values[1] is None:
         raise ConfigError(
-            f"config.json: 'time_step_limit' must be [min, inf] (two numbers), got {limit!r}"
+            f"config.json: {key} must be [min, inf] (two numbers), got {limit!r}"
         )
     if not math.isfinite(values[0]) or values[0] < 0:
         raise ConfigError(
-            f"config.json: 'time_step_limit' must be [min, inf] with a finite min >= 0, got {limit!r}"
+            f"config.json: {key} must be [min, inf] with a finite min >= 0, got {limit!r}"
         )
     if values[1] != math.inf:
         raise ConfigError(
-            f"config.json: 'time_step_limit' must be [min, inf] (an upper limit is unsupported), "
+            f"config.json: {key} must be [min, inf] (an upper limit is unsupported), "
             f"got {limit!r}"
         )
 
@@ -182,9 +198,22 @@ class NemotronHConfig:
             runtime does not support (MoE layers, non-``relu2`` MLPs, ...).
         """
         cfg: dict[str, Any] = dict(raw)
+        legacy: dict[str, str] = {}  # current name -> the legacy name the value came from
         for old, new in _LEGACY_KEYS.items():
-            if old in cfg and cfg.get(new) is None:
-                cfg[new] = cfg[old]
+            if cfg.get(old) is None:
+                continue
+            if cfg.get(new) is not None and cfg[new] != cfg[old]:
+                raise ConfigError(
+                    f"config.json: {old!r} {cfg[old]!r} and {new!r} {cfg[new]!r} disagree, "
+                    f"which readers resolve differently (transformers reads the legacy "
+                    f"{old!r}); keep one of them"
+                )
+            cfg[new] = cfg[old]
+            legacy[new] = old
+
+        def name(key: str) -> str:
+            """The key as the file spells it (a legacy name where the value came from one)."""
+            return f"{legacy[key]!r} (read as {key!r})" if key in legacy else repr(key)
 
         model_type = cfg.get("model_type")
         if model_type is not None and model_type != "nemotron_h":
@@ -192,15 +221,15 @@ class NemotronHConfig:
         pattern = _read_pattern(cfg)
 
         def need_int(key: str, default: int | None = None, minimum: int = 1) -> int:
-            value = cfg.get(key, default)
-            if value is None:
+            if key not in cfg and default is None:
                 raise ConfigError(f"config.json: required key {key!r} is missing")
+            value = cfg.get(key, default)
             rule = "a positive int" if minimum == 1 else f"an int >= {minimum}"
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise ConfigError(f"config.json: {key!r} must be {rule}, got {value!r}")
+                raise ConfigError(f"config.json: {name(key)} must be {rule}, got {value!r}")
             if value > MAX_SIZE:
                 raise ConfigError(
-                    f"config.json: {key!r} must be {rule} <= 2**31 - 1, got {value!r}"
+                    f"config.json: {name(key)} must be {rule} <= 2**31 - 1, got {value!r}"
                 )
             return value
 
@@ -210,48 +239,58 @@ class NemotronHConfig:
             if value is None or not math.isfinite(value) or value < 0 or (positive and value == 0):
                 rule = "> 0" if positive else ">= 0"
                 raise ConfigError(
-                    f"config.json: {key!r} must be a finite number {rule}, got {raw_value!r}"
+                    f"config.json: {name(key)} must be a finite number {rule}, got {raw_value!r}"
                 )
             return value
 
         def need_bool(key: str, default: bool) -> bool:
             value = cfg.get(key, default)
             if not isinstance(value, bool):
-                raise ConfigError(f"config.json: {key!r} must be a bool, got {value!r}")
+                raise ConfigError(f"config.json: {name(key)} must be a bool, got {value!r}")
             return value
 
         for key, want in (("mlp_hidden_act", "relu2"), ("mamba_hidden_act", "silu")):
             got = cfg.get(key, want)
+            if not isinstance(got, str):
+                raise ConfigError(f"config.json: {key!r} must be a str ({want!r}), got {got!r}")
             if got != want:
                 raise ConfigError(f"config.json: {key!r} must be {want!r} (unsupported: {got!r})")
-        if cfg.get("attention_bias") not in (None, False):
+        bias = cfg.get("attention_bias")
+        if bias is not None and not isinstance(bias, bool):
+            raise ConfigError(f"config.json: 'attention_bias' must be a bool, got {bias!r}")
+        if bias:
             raise ConfigError(
                 "config.json: 'attention_bias' must be false (Nemotron-H attention has no bias), "
-                f"got {cfg['attention_bias']!r}"
+                f"got {bias!r}"
             )
         if cfg.get("sliding_window") is not None:
             raise ConfigError("config.json: 'sliding_window' must be null (unsupported)")
 
-        hidden = need_int("hidden_size")
-        heads = need_int("num_attention_heads", 1)
-        if cfg.get("head_dim") is None:
-            if hidden % heads:
-                raise ConfigError(
-                    "config.json: 'head_dim' is missing and 'hidden_size' "
-                    f"{hidden} is not a multiple of 'num_attention_heads' {heads}"
-                )
-            head_dim = hidden // heads
-        else:
-            head_dim = need_int("head_dim")
+        # The attention sizes: an absent key takes transformers' default, as transformers does.
+        absent = {key for key in _HF_DEFAULTS if key not in cfg}
+        heads = need_int("num_attention_heads", _HF_DEFAULTS["num_attention_heads"])
+        kv_heads = need_int("num_key_value_heads", _HF_DEFAULTS["num_key_value_heads"])
+        head_dim = need_int("head_dim", _HF_DEFAULTS["head_dim"])
+        legacy_dim = cfg.get("attention_head_dim")
+        if "head_dim" in absent and "*" in pattern and legacy_dim not in (None, head_dim):
+            raise ConfigError(
+                f"config.json: 'head_dim' is missing and 'attention_head_dim' is {legacy_dim!r}, "
+                f"which readers resolve differently (transformers ignores 'attention_head_dim' "
+                f"and takes its default head_dim {head_dim}); set 'head_dim'"
+            )
+
+        def shown(key: str, value: int) -> str:
+            return f"{value} (absent: transformers' default)" if key in absent else str(value)
+
         t_min = need_float("time_step_min", 0.001, positive=False)
-        _check_time_step_limit(cfg.get("time_step_limit"))
+        _check_time_step_limit(cfg.get("time_step_limit"), name("time_step_limit"))
 
         config = cls(
             vocab_size=need_int("vocab_size"),
-            hidden_size=hidden,
+            hidden_size=need_int("hidden_size"),
             pattern=pattern,
             num_attention_heads=heads,
-            num_key_value_heads=need_int("num_key_value_heads", heads),
+            num_key_value_heads=kv_heads,
             head_dim=head_dim,
             intermediate_size=need_int("intermediate_size"),
             mamba_num_heads=need_int("mamba_num_heads"),
@@ -268,12 +307,13 @@ class NemotronHConfig:
             time_step_min=t_min,
             tie_word_embeddings=need_bool("tie_word_embeddings", False),
         )
-        if config.num_attention_heads % config.num_key_value_heads:
+        if config.attention_layers and heads % kv_heads:
             raise ConfigError(
                 "config.json: 'num_attention_heads' must be a multiple of 'num_key_value_heads', "
-                f"got {config.num_attention_heads} and {config.num_key_value_heads}"
+                f"got {shown('num_attention_heads', heads)} and "
+                f"{shown('num_key_value_heads', kv_heads)}"
             )
-        if config.mamba_num_heads % config.n_groups:
+        if config.mamba_layers and config.mamba_num_heads % config.n_groups:
             raise ConfigError(
                 "config.json: 'mamba_num_heads' must be a multiple of 'n_groups', "
                 f"got {config.mamba_num_heads} and {config.n_groups}"
@@ -316,23 +356,51 @@ class NemotronHConfig:
         }
 
 
-def _read_pattern(cfg: Mapping[str, Any]) -> str:
-    raw = cfg.get("hybrid_override_pattern")
-    if raw is None:
-        types = cfg.get("layers_block_type", cfg.get("layer_types"))
-        if types is None:
-            raise ConfigError(
-                "config.json: one of 'hybrid_override_pattern' or 'layers_block_type' is required"
-            )
-        if not isinstance(types, list) or any(t not in _BLOCK_TYPES for t in types):
-            raise ConfigError(
-                f"config.json: 'layers_block_type' must list {sorted(_BLOCK_TYPES)}, got {types!r}"
-            )
-        raw = "".join(_BLOCK_TYPES[t] for t in types)
-    if not isinstance(raw, str) or not raw:
+def _block_types_pattern(key: str, types: object) -> str:
+    """A ``layers_block_type`` / ``layer_types`` list as a pattern string."""
+    if (
+        not isinstance(types, list)
+        or not types
+        or any(not isinstance(t, str) or t not in _BLOCK_TYPES for t in types)
+    ):
         raise ConfigError(
-            f"config.json: 'hybrid_override_pattern' must be a non-empty str, got {raw!r}"
+            f"config.json: {key!r} must be a non-empty list of {sorted(_BLOCK_TYPES)}, "
+            f"got {types!r}"
         )
+    return "".join(_BLOCK_TYPES[t] for t in types)
+
+
+def _read_pattern(cfg: Mapping[str, Any]) -> str:
+    """The layer pattern from ``layer_types``, ``layers_block_type`` or ``hybrid_override_pattern``.
+
+    transformers (5.19 to 5.24) reads them in that order of precedence and ignores the
+    others; transformers 4 and NVIDIA's modelling code read ``hybrid_override_pattern``.
+    Two of them that describe different layers are refused.
+    """
+    spelled: dict[str, str] = {}
+    for key in ("layer_types", "layers_block_type"):
+        if cfg.get(key) is not None:
+            spelled[key] = _block_types_pattern(key, cfg[key])
+    pattern = cfg.get("hybrid_override_pattern")
+    if pattern is not None:
+        if not isinstance(pattern, str) or not pattern:
+            raise ConfigError(
+                f"config.json: 'hybrid_override_pattern' must be a non-empty str, got {pattern!r}"
+            )
+        spelled["hybrid_override_pattern"] = pattern
+    if not spelled:
+        raise ConfigError(
+            "config.json: one of 'hybrid_override_pattern' or 'layers_block_type' is required"
+        )
+    (first, raw), *others = spelled.items()
+    for key, other in others:
+        if other != raw:
+            raise ConfigError(
+                f"config.json: {first!r} ({raw!r}) and {key!r} ({other!r}) describe different "
+                f"layers, which readers resolve differently (transformers 5 reads {first!r}, "
+                "transformers 4 and NVIDIA's modelling code 'hybrid_override_pattern'); make "
+                "them agree or keep one"
+            )
     unknown = sorted(set(raw) - set(LAYER_KINDS))
     if unknown:
         raise ConfigError(
@@ -343,7 +411,7 @@ def _read_pattern(cfg: Mapping[str, Any]) -> str:
     if unsupported:
         where = [i for i, c in enumerate(raw) if c not in _SUPPORTED]
         raise ConfigError(
-            f"config.json: 'hybrid_override_pattern' has layers of kind {unsupported} at "
+            f"config.json: {first!r} has layers of kind {unsupported} at "
             f"{where[:8]}; the reference runtime supports only M (Mamba2), * (attention) and "
             f"- (MLP) layers (MoE 'E' layers are not supported)"
         )
@@ -351,7 +419,7 @@ def _read_pattern(cfg: Mapping[str, Any]) -> str:
     if num is not None and (isinstance(num, bool) or not isinstance(num, int) or num < 1):
         raise ConfigError(f"config.json: 'num_hidden_layers' must be a positive int, got {num!r}")
     # transformers ignores a stale num_hidden_layers next to an explicit layers_block_type
-    if num is not None and num != len(raw) and "layers_block_type" not in cfg:
+    if num is not None and num != len(raw) and first == "hybrid_override_pattern":
         raise ConfigError(
             f"config.json: 'num_hidden_layers' is {num} but the layer pattern has {len(raw)} layers"
         )
@@ -368,7 +436,7 @@ def read_config(model_dir: str | Path) -> NemotronHConfig:
         the message starts with the file's path.
     """
     path = Path(model_dir) / "config.json"
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(f"{path}: no config.json in the model directory")
     raw = read_json(path, ConfigError)
     if not isinstance(raw, dict):
@@ -385,6 +453,7 @@ def read_json(path: Path, error: type[ValueError]) -> Any:
     ``{"__float__": ...}`` objects are decoded as ``transformers`` writes them; the bare
     ``Infinity`` / ``NaN`` tokens Python's ``json`` writes are accepted.
     """
+    check_regular_file(path, error)
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:
@@ -399,3 +468,31 @@ def read_json(path: Path, error: type[ValueError]) -> Any:
         raise error(
             f"{path}: not valid JSON ({err.msg} at line {err.lineno}, column {err.colno})"
         ) from None
+    except RecursionError:
+        raise error(f"{path}: not valid JSON (nested too deeply)") from None
+
+
+_FILE_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+def check_regular_file(path: Path, error: type[ValueError]) -> None:
+    """Refuse ``path`` unless it is a regular file (or a symbolic link to one).
+
+    Checked before a file is opened: opening a FIFO blocks until a writer appears, and a
+    device reads forever. The error names the file and what it is.
+    """
+    try:
+        mode = os.stat(path).st_mode  # follows symbolic links (the Hugging Face cache's)
+    except FileNotFoundError:
+        raise error(f"{path}: missing (a dangling symbolic link?)") from None
+    except OSError as err:
+        raise error(f"{path}: cannot be read ({err.strerror})") from None
+    if not stat.S_ISREG(mode):
+        kind = next((name for test, name in _FILE_KINDS if test(mode)), "not a plain file")
+        raise error(f"{path}: is {kind}, not a regular file; only regular files are read")

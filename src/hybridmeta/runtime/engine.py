@@ -236,6 +236,21 @@ class StepStats:
 
 
 @attrs.frozen(kw_only=True, eq=False)
+class _Drafts:
+    """A verify step's rows, planned on the host (:meth:`Runtime._draft`)."""
+
+    num_tokens: int  # T: the pending token and the longest draft
+    slots: list[int]
+    seq_lens: list[int]
+    # [bs][T] pending token and draft (padded with the last); [bs][T] forced or -1
+    rows: list[list[int]]
+    targets: list[list[int]]
+    draft_lens: list[int]
+    # row -> (cache key, reserved track slot, boundary)
+    tracked: dict[int, tuple[tuple[int, ...], int, int]]
+
+
+@attrs.frozen(kw_only=True, eq=False)
 class _Verified:
     """A verify step's device verdict and the host bookkeeping to apply it."""
 
@@ -428,9 +443,72 @@ class Runtime:
     # ---------------------------------------------------------------------- step
 
     def step(self) -> StepStats:
-        """Run one mixed batch; see the module docstring."""
+        """Run one mixed batch; see the module docstring.
+
+        The phases, each a method: admit (:meth:`_admit`), plan the prefill rows and
+        their track slots (:meth:`_prefill_rows`), forward the prefill rows
+        (:meth:`_forward_prefill`) and the decode rows (:meth:`_decode`, or
+        :meth:`_verify` with speculative decoding), sample (:meth:`_sample`, or
+        :meth:`_keep` when the tokens stay on the device), retire (:meth:`_publish` the
+        step's cache entries, :meth:`_retire` the finished requests).
+        """
         t0 = time.perf_counter()
         self._admit()
+        rows, chunk_ids, tracks, commits = self._prefill_rows()
+        # rows were taken from prefilling requests only, so none of them is here
+        dec_reqs = [r for r in self._running if not r.prefilling]
+        pending = self._chained_pending(bool(rows), dec_reqs)
+
+        sample_reqs: list[Request] = []
+        sample_logits: list[torch.Tensor] = []
+        with torch.no_grad():
+            if rows:
+                self._forward_prefill(rows, chunk_ids, tracks, sample_reqs, sample_logits)
+            verified: _Verified | None = None
+            t_decode: float | None = None
+            if dec_reqs and self.options.spec_tokens:
+                verified = self._verify(dec_reqs)
+            elif dec_reqs:
+                t_decode = self._decode(dec_reqs, sample_reqs, sample_logits, commits, pending)
+            if pending is not None:
+                # this step's forward is queued: only now wait for the last step's tokens
+                self._land(pending)
+                self.overlapped_steps += 1
+            if verified is None and not rows and self._defers(dec_reqs):
+                self._pending = self._keep(sample_reqs, sample_logits)
+            else:
+                self._sample(sample_reqs, sample_logits, verified, commits)
+            if t_decode is not None and self._overlaps():
+                # from this step's plan to its sampled tokens (or the last step's, when
+                # this step leaves its own on the device): in a run of overlapped steps,
+                # the wall time per step
+                self.decode_seconds += time.perf_counter() - t_decode
+        self._publish(commits)
+        self._retire()
+        return StepStats(
+            prefill_rows=len(rows),
+            prefill_tokens=len(chunk_ids),
+            decode_rows=len(dec_reqs),
+            tracks_saved=len(commits),
+            seconds=time.perf_counter() - t0,
+        )
+
+    def _prefill_rows(
+        self,
+    ) -> tuple[
+        list[tuple[Request, int, int]],
+        list[int],
+        list[tuple[int, int]],
+        list[tuple[tuple[int, ...], int]],
+    ]:
+        """The step's prefill rows within the token budget, and their track slots.
+
+        Returns ``(rows, chunk_ids, tracks, commits)``: ``(request, start, new tokens)``
+        per row, the rows' token ids concatenated, ``(row, track slot)`` of each row that
+        saves a boundary (its last one reached this step: the planner saves only that),
+        and the cache entries to publish once the step ran. A prompt longer than the
+        budget is split on a track boundary, so that the next chunk starts on one.
+        """
         interval = self.options.track_interval
         budget = self.options.max_prefill_tokens
         rows: list[tuple[Request, int, int]] = []  # request, start, new tokens
@@ -458,60 +536,38 @@ class Runtime:
                     tracks.append((len(rows), slot))
                     commits.append((key, slot))
             rows.append((req, start, take))
-        # rows were taken from prefilling requests only, so none of them is here
-        dec_reqs = [r for r in self._running if not r.prefilling]
-        # the last step's tokens, if they are still on the device: this step feeds them
-        # to its forward there only if it decodes exactly those rows and saves no track
-        # (a track's cache key holds them); otherwise they are needed on the host now
+        return rows, chunk_ids, tracks, commits
+
+    def _chained_pending(self, prefills: bool, dec_reqs: list[Request]) -> _PendingTokens | None:
+        """The last step's tokens, if they are still on the device and this step feeds
+        them to its forward there: only if it decodes exactly those rows and saves no
+        track (a track's cache key holds them). Otherwise they land on the host now."""
         pending, self._pending = self._pending, None
-        if pending is not None and (rows or not self._chains(pending, dec_reqs)):
+        if pending is not None and (prefills or not self._chains(pending, dec_reqs)):
             self._land(pending)
             pending = None
+        return pending
 
-        sample_reqs: list[Request] = []
-        sample_logits: list[torch.Tensor] = []
-        with torch.no_grad():
-            if rows:
-                logits = self._prefill(rows, chunk_ids, tracks)
-                done_rows = []
-                for i, (req, start, take) in enumerate(rows):
-                    req.num_computed = start + take
-                    if not req.prefilling:
-                        done_rows.append(i)
-                        sample_reqs.append(req)
-                if done_rows:
-                    sample_logits.append(logits[self._index(done_rows)].float().log_softmax(-1))
-                self.prefill_tokens += len(chunk_ids)
-            verified: _Verified | None = None
-            t_decode: float | None = None
-            if dec_reqs and self.options.spec_tokens:
-                verified = self._verify(dec_reqs)
-            elif dec_reqs:
-                t_decode = self._decode(dec_reqs, sample_reqs, sample_logits, commits, pending)
-            if pending is not None:
-                # this step's forward is queued: only now wait for the last step's tokens
-                self._land(pending)
-                self.overlapped_steps += 1
-            if verified is None and not rows and self._defers(dec_reqs):
-                self._pending = self._keep(sample_reqs, sample_logits)
-            else:
-                self._sample(sample_reqs, sample_logits, verified, commits)
-            if t_decode is not None and self._overlaps():
-                # from this step's plan to its sampled tokens (or the last step's, when
-                # this step leaves its own on the device): in a run of overlapped steps,
-                # the wall time per step
-                self.decode_seconds += time.perf_counter() - t_decode
-        for key, slot in commits:
-            self.cache.commit(key, slot)
-        self.cache.end_step()
-        self._retire()
-        return StepStats(
-            prefill_rows=len(rows),
-            prefill_tokens=len(chunk_ids),
-            decode_rows=len(dec_reqs),
-            tracks_saved=len(commits),
-            seconds=time.perf_counter() - t0,
-        )
+    def _forward_prefill(
+        self,
+        rows: list[tuple[Request, int, int]],
+        chunk_ids: list[int],
+        tracks: list[tuple[int, int]],
+        sample_reqs: list[Request],
+        sample_logits: list[torch.Tensor],
+    ) -> None:
+        """The prefill rows' forward (:meth:`_prefill`); each row whose prompt is done
+        joins the step's sampling with its last-token log-probabilities."""
+        logits = self._prefill(rows, chunk_ids, tracks)
+        done_rows = []
+        for i, (req, start, take) in enumerate(rows):
+            req.num_computed = start + take
+            if not req.prefilling:
+                done_rows.append(i)
+                sample_reqs.append(req)
+        if done_rows:
+            sample_logits.append(logits[self._index(done_rows)].float().log_softmax(-1))
+        self.prefill_tokens += len(chunk_ids)
 
     def _plan(
         self,
@@ -661,29 +717,11 @@ class Runtime:
         With ``pending`` (the last step's tokens, still on the device, of the same rows),
         those are the input ids and the step never waits for the device.
         """
-        interval = self.options.track_interval
-        slots: list[int] = []
-        tracks: list[tuple[int, int]] = []
-        for i, r in enumerate(reqs):
-            assert r.slot is not None
-            slots.append(r.slot)
-            n_after = r.num_computed + 1
-            if self.options.use_prefix_cache and n_after % interval == 0:
-                key = tuple(r.tokens[:n_after])
-                slot = self.cache.reserve(key)
-                if slot is not None:
-                    commits.append((key, slot))
-                    tracks.append((i, slot))
+        slots, tracks = self._decode_tracks(reqs, commits)
         self._sync()
         td = time.perf_counter()
         pos_host = [r.num_computed for r in reqs]
-        key = tuple(slots)
-        cached = self._decode_plan
-        if not tracks and cached is not None and cached[0] == key:
-            hp = cached[1]
-        else:
-            hp = self._plan(pos_host, [1] * len(reqs), slots, tracks, num_decodes=len(reqs))
-            self._decode_plan = None if tracks else (key, hp)
+        hp = self._decode_host_plan(pos_host, slots, tracks)
         # one host-to-device copy for the metadata and the per-row inputs
         host_ids = {} if pending is not None else {
             "input_ids": np.asarray([r.tokens[r.num_computed] for r in reqs])
@@ -717,6 +755,40 @@ class Runtime:
             self.decode_seconds += time.perf_counter() - td
         return td
 
+    def _decode_tracks(
+        self, reqs: list[Request], commits: list[tuple[tuple[int, ...], int]]
+    ) -> tuple[list[int], list[tuple[int, int]]]:
+        """The decode rows' working slots, and ``(row, track slot)`` of each row whose
+        length reaches a multiple of the interval with this token (its cache entry joins
+        ``commits``)."""
+        interval = self.options.track_interval
+        slots: list[int] = []
+        tracks: list[tuple[int, int]] = []
+        for i, r in enumerate(reqs):
+            assert r.slot is not None
+            slots.append(r.slot)
+            n_after = r.num_computed + 1
+            if self.options.use_prefix_cache and n_after % interval == 0:
+                key = tuple(r.tokens[:n_after])
+                slot = self.cache.reserve(key)
+                if slot is not None:
+                    commits.append((key, slot))
+                    tracks.append((i, slot))
+        return slots, tracks
+
+    def _decode_host_plan(
+        self, pos_host: list[int], slots: list[int], tracks: list[tuple[int, int]]
+    ) -> MixedHostPlan:
+        """The decode step's host plan: the last one when its rows (slots) are this
+        step's and neither saves a track (such a plan does not depend on positions)."""
+        key = tuple(slots)
+        cached = self._decode_plan
+        if not tracks and cached is not None and cached[0] == key:
+            return cached[1]
+        hp = self._plan(pos_host, [1] * len(slots), slots, tracks, num_decodes=len(slots))
+        self._decode_plan = None if tracks else (key, hp)
+        return hp
+
     def _verify(self, reqs: list[Request]) -> _Verified:
         """Decode rows, speculatively: draft, verify, accept and commit on the device.
 
@@ -726,6 +798,57 @@ class Runtime:
         the boundary (:func:`hybridmeta.kernels.spec_track_token`), and the host publishes
         the entry (and copies its KV rows) only then.
         """
+        opts = self.options
+        drafted = self._draft(reqs)
+        self._sync()
+        td = time.perf_counter()
+        track_mask = track_slots = None
+        tracked = drafted.tracked
+        if opts.use_prefix_cache:
+            track_mask = [i in tracked for i in range(len(reqs))]
+            track_slots = [tracked[i][1] if i in tracked else -1 for i in range(len(reqs))]
+        plan = plan_spec_step(
+            slots=drafted.slots, seq_lens=drafted.seq_lens, tokens=drafted.rows,
+            targets=drafted.targets, num_draft=drafted.draft_lens, track_mask=track_mask,
+            track_slots=track_slots,
+        )  # fmt: skip
+        staged = to_device_packed(plan.staged_arrays, self.device)
+        v = plan.views(staged)
+        fwd = plan.verify.forward(staged)
+        md = prepare_target_verify(fwd)
+        if self.verify_graphs is not None:
+            logits = self.verify_graphs.verify(fwd, v["input_ids"], v["positions"])
+        else:
+            logits = self.model.forward_verify(v["input_ids"], v["positions"], md, self.pool)
+        acc = greedy_accept(logits, v["input_ids"], v["targets"], v["num_draft"])
+        cmd = prepare_commit(
+            md,
+            accepted_index=acc.num_accepted,
+            track_token=kernels.spec_track_token(
+                v["seq_lens"], acc.num_accepted + 1, opts.track_interval
+            ),
+        )
+        if self.verify_graphs is not None:
+            self.verify_graphs.commit(cmd)
+        else:
+            inter_conv, inter_ssm = self.pool.verify_states(len(reqs), drafted.num_tokens)
+            kernels.spec_commit_from_metadata(
+                cmd, self.pool.conv, self.pool.ssm, inter_conv, inter_ssm
+            )
+        self._sync()
+        self.decode_seconds += time.perf_counter() - td
+        return _Verified(
+            reqs=reqs,
+            accepted=acc,
+            draft_lens=drafted.draft_lens,
+            seq_lens=drafted.seq_lens,
+            tracked=tracked,
+        )
+
+    def _draft(self, reqs: list[Request]) -> _Drafts:
+        """The verify step's rows: each row's draft (prompt lookup, within its remaining
+        tokens), its pending token and draft padded to the step's ``T`` tokens, its
+        teacher-forced targets, and a track slot for each row that may cross a boundary."""
         opts = self.options
         interval = opts.track_interval
         drafts: list[list[int]] = []
@@ -757,44 +880,13 @@ class Runtime:
                 slot = self.cache.reserve(key)
                 if slot is not None:
                     tracked[i] = (key, slot, boundary)
-        self._sync()
-        td = time.perf_counter()
-        track_mask = track_slots = None
-        if opts.use_prefix_cache:
-            track_mask = [i in tracked for i in range(len(reqs))]
-            track_slots = [tracked[i][1] if i in tracked else -1 for i in range(len(reqs))]
-        plan = plan_spec_step(
-            slots=slots, seq_lens=seq_lens, tokens=rows, targets=targets,
-            num_draft=[len(d) for d in drafts], track_mask=track_mask, track_slots=track_slots,
-        )  # fmt: skip
-        staged = to_device_packed(plan.staged_arrays, self.device)
-        v = plan.views(staged)
-        fwd = plan.verify.forward(staged)
-        md = prepare_target_verify(fwd)
-        if self.verify_graphs is not None:
-            logits = self.verify_graphs.verify(fwd, v["input_ids"], v["positions"])
-        else:
-            logits = self.model.forward_verify(v["input_ids"], v["positions"], md, self.pool)
-        acc = greedy_accept(logits, v["input_ids"], v["targets"], v["num_draft"])
-        cmd = prepare_commit(
-            md,
-            accepted_index=acc.num_accepted,
-            track_token=kernels.spec_track_token(v["seq_lens"], acc.num_accepted + 1, interval),
-        )
-        if self.verify_graphs is not None:
-            self.verify_graphs.commit(cmd)
-        else:
-            inter_conv, inter_ssm = self.pool.verify_states(len(reqs), T)
-            kernels.spec_commit_from_metadata(
-                cmd, self.pool.conv, self.pool.ssm, inter_conv, inter_ssm
-            )
-        self._sync()
-        self.decode_seconds += time.perf_counter() - td
-        return _Verified(
-            reqs=reqs,
-            accepted=acc,
-            draft_lens=[len(d) for d in drafts],
+        return _Drafts(
+            num_tokens=T,
+            slots=slots,
             seq_lens=seq_lens,
+            rows=rows,
+            targets=targets,
+            draft_lens=[len(d) for d in drafts],
             tracked=tracked,
         )
 
@@ -867,6 +959,12 @@ class Runtime:
                 req.tokens.append(req.forced[req.num_generated])
             else:
                 req.tokens.append(greedy[i])
+
+    def _publish(self, commits: list[tuple[tuple[int, ...], int]]) -> None:
+        """Publish the step's cache entries (their states were saved during the step)."""
+        for key, slot in commits:
+            self.cache.commit(key, slot)
+        self.cache.end_step()
 
     def _retire(self) -> None:
         keep: list[Request] = []

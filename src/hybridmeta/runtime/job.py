@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import signal
 import sys
 import tempfile
@@ -34,7 +35,7 @@ import attrs
 import torch
 
 from hybridmeta.kernels import implementation
-from hybridmeta.runtime.config import ConfigError, read_config
+from hybridmeta.runtime.config import ConfigError, NemotronHConfig, read_config
 from hybridmeta.runtime.engine import Finished, Runtime, RuntimeOptions, StepStats
 from hybridmeta.runtime.loader import CheckpointError, load_nemotron_h
 from hybridmeta.runtime.model import NemotronH
@@ -243,14 +244,21 @@ def _first_wave(vocab: int, interval: int, n: int, gen: torch.Generator) -> list
 def _continuations(
     first: Sequence[Finished], vocab: int, interval: int, gen: torch.Generator
 ) -> list[WorkItem]:
-    """Prompts resuming from a prefill-made boundary (``interval``) or a decode-made one (``2*interval``)."""
+    """Prompts resuming from a prefill-made boundary (``interval``) or a decode-made one (``2*interval``).
+
+    Each cuts a first-wave sequence one token past the boundary and appends
+    ``min(3, interval - 1)`` new tokens: the prompt then ends before the next boundary, so
+    the planned one is the longest cached prefix whatever the tokens are (a tiny vocabulary
+    repeats them; with ``interval`` 2 a longer tail reached the next boundary).
+    """
     out: list[WorkItem] = []
     n_new = max(interval // 2, 2)
+    n_tail = min(3, interval - 1)
     for f in first[: max(2, len(first) // 2)]:
-        tail = tuple(int(t) for t in torch.randint(0, vocab, (3,), generator=gen))
+        tail = tuple(int(t) for t in torch.randint(0, vocab, (n_tail,), generator=gen))
         out.append(
             WorkItem(
-                prompt=f.tokens[: interval + 2] + tail,
+                prompt=f.tokens[: interval + 1] + tail,
                 max_new_tokens=n_new,
                 kind="prefill-made",
                 expect_hit=interval,
@@ -258,13 +266,128 @@ def _continuations(
         )
         out.append(
             WorkItem(
-                prompt=f.tokens[: 2 * interval + 2] + tail,
+                prompt=f.tokens[: 2 * interval + 1] + tail,
                 max_new_tokens=n_new,
                 kind="decode-made",
                 expect_hit=2 * interval,
             )
         )
     return out
+
+
+def _longest(interval: int) -> int:
+    """The longest sequence of the workload, prompt plus outputs.
+
+    First wave: under ``3 * interval``; continuations: up to ``2 * interval + 4`` tokens
+    of prompt and ``max(interval // 2, 2)`` outputs; spec rows (:func:`_spec_checks`):
+    prompts up to ``interval + 7`` tokens that decode ``interval + 2``.
+    """
+    return max(3 * interval, 2 * interval + 4 + max(interval // 2, 2), 2 * interval + 9)
+
+
+def _spec_tokens(interval: int) -> int:
+    """Draft tokens of the spec rows' runtime: up to 4, below the interval (the rule)."""
+    return min(4, interval - 1)
+
+
+def _options(args: argparse.Namespace, interval: int) -> RuntimeOptions:
+    """The runtime options of the graph run (the other runs evolve them)."""
+    return RuntimeOptions(
+        num_working=args.slots,
+        num_track=4 * args.prompts + 8,
+        max_len=_longest(interval),
+        track_interval=interval,
+        max_prefill_tokens=4 * interval,
+        use_graphs=True,
+        sync_timing=True,
+    )
+
+
+#: Runtimes alive at once at the job's peak: the graph and eager runs' (kept for their
+#: counters) and the spec rows' plain and speculative ones.
+_LIVE_RUNTIMES = 4
+
+
+def _memory_needed(
+    cfg: NemotronHConfig, options: RuntimeOptions, dtype: torch.dtype, kernels: str
+) -> dict[str, int]:
+    """A lower bound of the bytes the job allocates, by what allocates them.
+
+    Weights; the state pools (conv, SSM, attention KV, the spec run's intermediate
+    states) of the runtimes alive at once; the largest single temporaries of one forward:
+    the attention scores of the longest prompt and, with the reference ops, the scan's
+    ``[chunks, heads, chunk_size, chunk_size]`` decay and score blocks.
+    """
+    es = torch.empty((), dtype=dtype).element_size()
+    with torch.device("meta"):
+        meta = NemotronH(cfg)
+    weights = sum(p.numel() for p in meta.parameters()) * es
+    if cfg.tie_word_embeddings:  # the loader makes the head the embedding matrix
+        weights -= meta.lm_head.weight.numel() * es
+    # as StatePool.allocate sizes them
+    slots = options.num_working + options.num_track
+    lm, la = max(len(cfg.mamba_layers), 1), max(len(cfg.attention_layers), 1)
+    state_row = (
+        cfg.conv_dim * (cfg.conv_kernel - 1) * es
+        + cfg.mamba_num_heads * cfg.mamba_head_dim * cfg.ssm_state_size * 4
+    )
+    kv_position = 2 * la * cfg.num_key_value_heads * cfg.head_dim * es
+
+    def pool(max_len: int) -> int:
+        return lm * slots * state_row + (slots + 1) * max_len * kv_position
+
+    spec = _spec_tokens(options.track_interval)
+    need = {
+        "weights": weights,
+        # three plain runtimes' pools, and the spec run's: draft positions, verify states
+        f"{_LIVE_RUNTIMES} state pools": (_LIVE_RUNTIMES - 1) * pool(options.max_len)
+        + pool(options.max_len + spec)
+        + lm * options.num_working * (spec + 1) * state_row,
+    }
+    prompt = 2 * options.track_interval
+    if cfg.attention_layers:
+        need["attention scores"] = cfg.num_attention_heads * prompt * prompt * 4
+    if kernels == "reference" and cfg.mamba_layers:
+        chunks = -(-options.max_prefill_tokens // cfg.chunk_size)
+        need["the scan's [chunk, chunk] blocks"] = (
+            3 * chunks * cfg.mamba_num_heads * cfg.chunk_size * cfg.chunk_size * 4
+        )
+    return need
+
+
+def _memory_available(device: torch.device) -> int | None:
+    """Free device memory (CUDA), or the host's available memory; ``None``: unknown."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return None
+
+
+def _does_not_fit(
+    cfg: NemotronHConfig,
+    options: RuntimeOptions,
+    dtype: torch.dtype,
+    device: torch.device,
+    kernels: str,
+) -> str | None:
+    """Why the workload cannot fit in ``device``'s memory, or ``None`` when it may."""
+    need = _memory_needed(cfg, options, dtype, kernels)
+    have = _memory_available(device)
+    total = sum(need.values())
+    if have is None or total <= have:
+        return None
+    gib = 2.0**30
+    parts = ", ".join(f"{k} {v / gib:.3g}" for k, v in need.items())
+    return (
+        f"the workload needs at least {total / gib:.3g} GiB on {device.type} ({parts} GiB) "
+        f"and {device.type} has {have / gib:.3g} GiB available (a smaller --track-interval, "
+        "a multiple of the chunk size, shrinks it)"
+    )
 
 
 def _run(
@@ -310,14 +433,30 @@ def _reduce(values: torch.Tensor, how: str) -> float:
     return float(values.max() if how == "max" else values.mean())
 
 
+def _one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text[:300]}{'...' if len(text) > 300 else ''}"
+
+
 def _transformers_logprobs(
     model_dir: Path,
     requests: Sequence[Finished],
+    config: NemotronHConfig,
     device: torch.device,
     dtype: torch.dtype,
     *,
     quiet: bool,
 ) -> list[torch.Tensor] | str:
+    """``NemotronHForCausalLM``'s log-probabilities of every request's outputs, or why
+    there are none (the comparison is then reported as skipped).
+
+    transformers may read a directory the runtime reads, yet not the same model: it loads
+    no directory without ``model.safetensors`` or its index, its config class refuses
+    values the runtime reads (``[0.0, "inf"]``), and its NemotronH ignores
+    ``tie_word_embeddings`` (a tied model without a stored head gets a random one). Those
+    are reported, not compared. The forward runs without a cache: transformers' hybrid
+    cache needs an attention layer, and full-sequence logits need no cache.
+    """
     try:
         from transformers import NemotronHForCausalLM
     except ImportError:
@@ -332,13 +471,27 @@ def _transformers_logprobs(
     if quiet:
         hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     try:
-        hf: Any = NemotronHForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
+        try:
+            loaded: Any = NemotronHForCausalLM.from_pretrained(
+                str(model_dir), dtype=dtype, output_loading_info=True
+            )
+            hf, info = loaded
+        except Exception as error:  # transformers' own refusal of the directory, whatever it is
+            return f"transformers cannot load {model_dir} ({_one_line(error)})"
+        unread = sorted(set(info.get("missing_keys", ())) | set(info.get("mismatched_keys", ())))
+        if unread:
+            why = (
+                " (its NemotronH ignores 'tie_word_embeddings')"
+                if config.tie_word_embeddings and "lm_head.weight" in unread
+                else ""
+            )
+            return f"transformers leaves {unread[:4]} of {model_dir} unloaded{why}"
         hf.to(device).eval()
         outs: list[torch.Tensor] = []
         with torch.no_grad():
             for f in requests:
                 ids = torch.tensor([f.tokens[:-1]], dtype=torch.int64, device=device)
-                logits = hf(input_ids=ids).logits[0].float()
+                logits = hf(input_ids=ids, use_cache=False).logits[0].float()
                 outs.append(logits[len(f.prompt) - 1 :].log_softmax(-1))
         del hf
     finally:
@@ -436,21 +589,35 @@ def _main(args: argparse.Namespace, stream: TextIO, errs: TextIO) -> int:
         else:
             model_dir = args.model
             source = str(model_dir)
-        chunk = read_config(model_dir).chunk_size
+        cfg = read_config(model_dir)
+        chunk = cfg.chunk_size
+        where = "the embedded tiny model" if args.model is None else model_dir / "config.json"
         interval = args.track_interval if args.track_interval is not None else 2 * chunk
         if interval % chunk:
-            where = "the embedded tiny model" if args.model is None else model_dir / "config.json"
             _say(
                 errs,
                 f"hybridmeta: error: argument --track-interval: must be a multiple of the "
                 f"model's SSM chunk size ('chunk_size' {chunk} in {where}), got {interval}",
             )
             return 2
+        if interval > MAX_TRACK_INTERVAL:
+            _say(
+                errs,
+                f"hybridmeta: error: the track interval 2 x 'chunk_size' = {interval} "
+                f"('chunk_size' {chunk} in {where}) exceeds the job's largest, "
+                f"{MAX_TRACK_INTERVAL} tokens",
+            )
+            return 2
+        options = _options(args, interval)
+        too_big = _does_not_fit(cfg, options, dtype, device, args.kernels)
+        if too_big is not None:
+            _say(errs, f"hybridmeta: error: {too_big}; track interval {interval} ({where})")
+            return 2
         if log is not None:
             _say(log, f"[1/5] loading {source} on {device} as {dtype}")
         model = load_nemotron_h(model_dir, device=device, dtype=dtype)
         with implementation(args.kernels):
-            return _job(args, interval, model, model_dir, device, dtype, stream, log)
+            return _job(args, options, model, model_dir, device, dtype, stream, log)
     except (ConfigError, CheckpointError) as error:
         _say(errs, f"hybridmeta: error: {error}")
         return 2
@@ -461,7 +628,7 @@ def _main(args: argparse.Namespace, stream: TextIO, errs: TextIO) -> int:
 
 def _job(
     args: argparse.Namespace,
-    interval: int,
+    options: RuntimeOptions,
     model: NemotronH,
     model_dir: Path,
     device: torch.device,
@@ -470,19 +637,9 @@ def _job(
     log: TextIO | None,
 ) -> int:
     cfg = model.config
+    interval = options.track_interval
     gen = torch.Generator().manual_seed(args.seed)
     first = _first_wave(cfg.vocab_size, interval, args.prompts, gen)
-    # first wave < 3*interval tokens, continuations 2*interval + 5 + interval/2
-    longest = max(3 * interval, 2 * interval + 5 + max(interval // 2, 2))
-    options = RuntimeOptions(
-        num_working=args.slots,
-        num_track=4 * args.prompts + 8,
-        max_len=longest,
-        track_interval=interval,
-        max_prefill_tokens=4 * interval,
-        use_graphs=True,
-        sync_timing=True,
-    )
     tol = Tolerances.for_dtype(dtype)
 
     if log is not None:
@@ -513,9 +670,9 @@ def _job(
     )
     if log is not None:
         _say(log, "[4/5] cold recompute run (prefix cache off, teacher-forced)")
-    cold_res, _ = _run(
+    cold_res = _run(
         model, attrs.evolve(options, use_prefix_cache=False), waves, forced, "cold", log
-    )
+    )[0]  # its runtime (pool, graphs) goes now: the job's memory bound counts four
 
     checks: list[Check] = []
     pairs = list(zip(graph_res, eager_res, strict=True))
@@ -575,7 +732,7 @@ def _job(
     else:
         if log is not None:
             _say(log, "[5/5] transformers NemotronHForCausalLM reference")
-        ref = _transformers_logprobs(model_dir, graph_res, device, dtype, quiet=args.quiet)
+        ref = _transformers_logprobs(model_dir, graph_res, cfg, device, dtype, quiet=args.quiet)
         if isinstance(ref, str):
             checks.append(
                 Check(name="agreement with transformers", value="skipped", detail=ref, passed=None)
@@ -667,7 +824,7 @@ def _spec_checks(
     context (the tokens before it) both runs share: all of them while the greedy tokens
     agree, up to the first divergence otherwise."""
     interval = options.track_interval
-    spec = min(4, interval - 1)
+    spec = _spec_tokens(interval)
     gen = torch.Generator().manual_seed(seed + 1)
     vocab = model.config.vocab_size
     items: list[WorkItem] = []

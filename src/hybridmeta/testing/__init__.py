@@ -21,6 +21,7 @@ See ``docs/testing.md`` for a ten-minute walk-through.
 from hybridmeta.testing.backend import GraphedDecodeBackend, Reference
 from hybridmeta.testing.flow import (
     FieldFlowError,
+    FieldFlowUsageError,
     FlowFailure,
     FlowReport,
     assert_field_flow,
@@ -47,6 +48,7 @@ __all__ = [
     "Batch",
     "DraftTree",
     "FieldFlowError",
+    "FieldFlowUsageError",
     "FlowFailure",
     "FlowReport",
     "GraphedDecodeBackend",

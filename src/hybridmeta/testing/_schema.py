@@ -15,12 +15,19 @@ Attributes read here (and nowhere else in the package):
 * ``FieldSpec.role`` (its ``.value`` and ``.is_slot``), ``.default`` (``attrs.NOTHING``:
   none), ``.governs`` and ``.required_when_set``;
 * ``hybridmeta.core.fields_of``, ``source_of``.
+
+:func:`type_hints` resolves the annotations of any class (metadata or not) field by field,
+so one annotation that cannot be resolved is named instead of hiding every other.
 """
 
 from __future__ import annotations
 
+import inspect
+import sys
+import typing
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 import attrs
 import torch
@@ -30,7 +37,17 @@ from hybridmeta.core import BOOL, INDEX, Pad, fields_of, source_of
 #: ``FieldInfo.default`` of a field that declares none.
 NO_DEFAULT: Final = object()
 
-__all__ = ["NO_DEFAULT", "FieldInfo", "Rows", "derivation", "fields", "is_metadata_class"]
+__all__ = [
+    "NO_DEFAULT",
+    "FieldInfo",
+    "Rows",
+    "UnresolvedHint",
+    "derivation",
+    "fields",
+    "is_metadata_class",
+    "type_hints",
+    "unresolved_hints_error",
+]
 
 
 @dataclass(frozen=True)
@@ -117,6 +134,69 @@ class FieldInfo:
         return self.dtypes is not None and all(d in BOOL for d in self.dtypes)
 
 
+@dataclass(frozen=True)
+class UnresolvedHint:
+    """A field annotation that cannot be evaluated (``text``: as written; ``error``: why)."""
+
+    text: str
+    error: str
+
+
+def _evaluate(ann: object, globalns: dict[str, Any], localns: dict[str, Any]) -> Any:
+    holder = type("_OneHint", (), {"__annotations__": {"x": ann}})
+    return typing.get_type_hints(holder, globalns=globalns, localns=localns)["x"]
+
+
+def type_hints(
+    cls: type, localns: Mapping[str, Any] | None = None
+) -> tuple[dict[str, Any], dict[str, UnresolvedHint]]:
+    """The annotations of ``cls`` and its bases, evaluated one by one.
+
+    Returns ``(resolved, unresolved)``: ``resolved`` maps each field name whose annotation
+    evaluates to its type; ``unresolved`` maps the others (string annotations naming
+    something the defining module does not hold at run time, typically an ``if
+    TYPE_CHECKING:`` import under ``from __future__ import annotations``) to an
+    :class:`UnresolvedHint`. ``localns`` adds names to look up (``{"ForwardBatch": cls}``).
+    """
+    extra = dict(localns or {})
+    try:
+        return typing.get_type_hints(cls, localns=extra or None), {}
+    except Exception:  # at least one annotation does not evaluate: find which
+        pass
+    resolved: dict[str, Any] = {}
+    unresolved: dict[str, UnresolvedHint] = {}
+    for base in reversed(cls.__mro__):
+        if base is object:
+            continue
+        module = sys.modules.get(base.__module__)
+        globalns = dict(vars(module)) if module is not None else {}
+        local = {**dict(vars(base)), **extra}
+        for name, ann in inspect.get_annotations(base).items():
+            resolved.pop(name, None)
+            unresolved.pop(name, None)
+            try:
+                resolved[name] = _evaluate(ann, globalns, local)
+            except Exception as e:
+                text = ann if isinstance(ann, str) else repr(ann)
+                unresolved[name] = UnresolvedHint(text, f"{type(e).__name__}: {e}")
+    return resolved, unresolved
+
+
+def unresolved_hints_error(
+    who: str, cls: type, unresolved: Mapping[str, UnresolvedHint]
+) -> TypeError:
+    """The error for fields whose annotation cannot be evaluated (each named, with why)."""
+    listed = "; ".join(
+        f"{name!r}: {h.text!r} ({h.error})" for name, h in sorted(unresolved.items())
+    )
+    example = next(iter(sorted(unresolved)))
+    return TypeError(
+        f"{who}: cannot resolve the type hint of {cls.__qualname__} field(s) {listed}. "
+        f"The annotation names something module {cls.__module__!r} does not define at run "
+        "time (an `if TYPE_CHECKING:` import under `from __future__ import annotations`?). "
+        "Pass localns={'Name': the_class} to resolve it, or "
+        f"values={{{example!r}: strategy}} to draw the field without its hint"
+    )
 
 
 def is_metadata_class(cls: type) -> bool:

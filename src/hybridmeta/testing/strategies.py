@@ -400,6 +400,7 @@ def metadata_instances(
     device: torch.device | str = "cpu",
     values: Mapping[str, FieldValue] | None = None,
     cols: Mapping[str, str | int] | None = None,
+    localns: Mapping[str, Any] | None = None,
 ) -> Any:
     """A valid instance of the ``@hybridmeta.metadata`` class ``cls``, from its declarations.
 
@@ -420,6 +421,10 @@ def metadata_instances(
     cols : mapping of str to str or int, optional
         Dimension 1 of 2-D fields: an int field's name or a constant (overrides what the
         declaration says; by default all 2-D fields share one drawn width).
+    localns : mapping of str to object, optional
+        Names for string annotations the class's module does not define at run time
+        (``if TYPE_CHECKING:`` imports). A non-tensor field whose annotation cannot be
+        evaluated is an error naming it, unless ``values`` covers it.
 
     Instances the class's own validation rejects are discarded (``hypothesis.reject``).
     """
@@ -433,20 +438,20 @@ def metadata_instances(
             metadata_instances(
                 src, max_bs=max_bs, max_rows=max_rows, num_slots=num_slots, device=device,
                 values={k: v for k, v in overrides.items() if k not in derived_names},
-                cols=col_map,
+                cols=col_map, localns=localns,
             )
         )  # fmt: skip
         drawn: dict[str, Any] = {f.name: getattr(source, f.name) for f in _schema.fields(src)}
         drawn.update(_rows_symbols(source, src))
         kwargs = _draw_fields(draw, cls, derived_names, drawn, overrides, col_map, num_slots,
-                              max_bs, max_rows, device)  # fmt: skip
+                              max_bs, max_rows, device, localns)  # fmt: skip
         try:
             return cls.evolve_from(source, **kwargs)  # type: ignore[attr-defined]
         except (TypeError, ValueError):
             reject()
     names = tuple(f.name for f in _schema.fields(cls))
     kwargs = _draw_fields(draw, cls, names, {}, overrides, col_map, num_slots, max_bs, max_rows,
-                          device)  # fmt: skip
+                          device, localns)  # fmt: skip
     try:
         return cls(**kwargs)
     except ValueError:
@@ -473,12 +478,16 @@ def _draw_fields(
     max_bs: int,
     max_rows: int,
     device: torch.device | str,
+    localns: Mapping[str, Any] | None,
 ) -> dict[str, Any]:
     infos = {f.name: f for f in _schema.fields(cls)}
-    try:
-        hints = typing.get_type_hints(cls)
-    except Exception:  # unresolvable forward references: annotations unused then
-        hints = {}
+    hints, unresolved = _schema.type_hints(cls, localns)
+    bad = {
+        n: h for n, h in unresolved.items()
+        if n in names and n in infos and not infos[n].is_tensor and n not in overrides
+    }  # fmt: skip
+    if bad:
+        raise _schema.unresolved_hints_error(f"metadata_instances({cls.__qualname__})", cls, bad)
     presence = draw(st.sampled_from(["all", "none", "each"]), label="optional fields")
     width = draw(st.integers(1, 3), label="columns")
     kwargs: dict[str, Any] = {}

@@ -8,11 +8,21 @@ decode rows (1 token, prefix >= 1) last.
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
+import numpy as np
 import torch
 from hypothesis import strategies as st
 
-from hybridmeta import Mamba2Metadata, plan_mixed_batch
+from hybridmeta import (
+    Conventions,
+    ForwardMetadata,
+    Mamba2Metadata,
+    RowOrder,
+    metadata,
+    plan_mixed_batch,
+)
 from hybridmeta.kernels import (
     ConvPrefillOutput,
     Impl,
@@ -30,16 +40,21 @@ from tests.oracle import OracleRow, oracle_layer, oracle_ssm_row
 __all__ = [
     "BF16",
     "FP32",
+    "ROW_ORDER_FORWARDS",
+    "WRONG_ARGUMENT_KINDS",
     "BatchSpec",
     "LayerData",
     "batch_specs",
     "close",
+    "decodes_first",
     "make_layer",
+    "plan_kwargs",
     "plan_of",
     "run_oracle",
     "run_pipeline",
     "run_ssm_oracle",
     "split_of",
+    "wrong_plan_arguments",
 ]
 
 _MODES = ("random", "on_grid", "past_grid", "end", "short", "single")
@@ -217,20 +232,122 @@ def make_layer(spec: BatchSpec, *, tokens: int | None = None) -> LayerData:
     )
 
 
+def plan_kwargs(spec: BatchSpec) -> dict[str, Any]:
+    """The planner's arguments for ``spec`` (tracking on)."""
+    return {
+        "extend_lens": spec.extend_lens,
+        "prefix_lens": spec.prefix_lens,
+        "slots": spec.slots,
+        "num_decodes": spec.num_decodes,
+        "chunk_size": spec.chunk_size,
+        "conv_kernel": spec.conv_kernel,
+        "track_interval": spec.track_interval,
+        "track_mask": spec.track_mask,
+        "track_slots": spec.track_slots,
+    }
+
+
+@metadata(extension=True, conventions=Conventions(row_order=RowOrder.DECODES_FIRST))
+class DecodesFirstForward(ForwardMetadata):
+    """An engine's forward metadata with decode rows first (pad slot -1)."""
+
+
+@metadata(
+    extension=True, conventions=Conventions(row_order=RowOrder.DECODES_FIRST, null_slot=0)
+)
+class VllmStyleForward(ForwardMetadata):
+    """vLLM's conventions: decode rows first, null slot 0 (``NULL_BLOCK_ID``, a slot every
+    pool reserves, never a live row's)."""
+
+
+#: Source classes declaring decode rows first, with the null slot -1 and 0.
+ROW_ORDER_FORWARDS: tuple[type[ForwardMetadata], ...] = (DecodesFirstForward, VllmStyleForward)
+
+
+def decodes_first(spec: BatchSpec) -> tuple[dict[str, Any], list[int]]:
+    """``spec``'s planner arguments with its decode rows first (each part in its order),
+    and the permutation: row ``i`` of that batch is row ``perm[i]`` of ``spec``."""
+    n, n_pre = len(spec.extend_lens), spec.num_prefills
+    perm = [*range(n_pre, n), *range(n_pre)]
+    kw = plan_kwargs(spec)
+    for name in ("extend_lens", "prefix_lens", "slots", "track_mask", "track_slots"):
+        kw[name] = tuple(kw[name][r] for r in perm)
+    return kw, perm
+
+
 def plan_of(spec: BatchSpec, device: torch.device | str = "cpu") -> Mamba2Metadata:
     """Plan ``spec`` (tracking on): the forward's metadata."""
-    return plan_mixed_batch(
-        extend_lens=spec.extend_lens,
-        prefix_lens=spec.prefix_lens,
-        slots=spec.slots,
-        num_decodes=spec.num_decodes,
-        chunk_size=spec.chunk_size,
-        conv_kernel=spec.conv_kernel,
-        track_interval=spec.track_interval,
-        track_mask=spec.track_mask,
-        track_slots=spec.track_slots,
-        device=device,
-    )
+    return plan_mixed_batch(**plan_kwargs(spec), device=device)
+
+
+_I64_MAX = (1 << 63) - 1
+_COUNTS = ("num_decodes", "chunk_size", "conv_kernel", "track_interval")
+_ROWS = ("extend_lens", "prefix_lens", "slots", "track_slots")
+
+
+#: The kinds of :func:`wrong_plan_arguments`.
+WRONG_ARGUMENT_KINDS = ("count", "shape", "dtype", "past_int64", "overflow")
+
+
+@st.composite
+def wrong_plan_arguments(draw: st.DrawFn, spec: BatchSpec, kind: str) -> tuple[str, object, str]:
+    """One planner argument of ``spec`` replaced by a wrong value of ``kind`` (one of
+    :data:`WRONG_ARGUMENT_KINDS`): a count of the wrong type, a per-row argument of the
+    wrong shape or dtype, a value past int64, a row whose end position overflows int64.
+    Returns ``(argument, value, rule)``, ``rule`` a phrase the refusal states. The
+    planner must refuse it with a message naming the argument, before it computes
+    anything. ``spec`` has rows."""
+    kw = plan_kwargs(spec)
+    if kind == "count":
+        name = draw(st.sampled_from(_COUNTS))
+        value = kw[name]
+        how = draw(st.sampled_from(["float", "bool", "numpy", "str", "tensor"]))
+        wrong: object = {
+            "float": float(value),
+            "bool": bool(value),
+            "numpy": np.int64(value),
+            "str": str(value),
+            "tensor": torch.tensor(value),
+        }[how]
+        return name, wrong, f"{name} must be an int, got "
+    if kind == "dtype":
+        name = draw(st.sampled_from((*_ROWS, "track_mask")))
+        rule = "must be bool" if name == "track_mask" else "must hold integers"
+        return name, [float(v) + 0.5 for v in kw[name]], rule
+    if kind == "shape":
+        name = draw(st.sampled_from((*_ROWS, "track_mask")))
+        value = kw[name]
+        how = draw(st.sampled_from(["nested", "scalar", "str", "2-d", "none"]))
+        if how == "nested":
+            return name, [[v] for v in value], "must be 1-D (one entry per row)"
+        if how == "2-d":
+            return name, torch.tensor(value).reshape(1, -1), "must be 1-D (one entry per row)"
+        wrong = {"scalar": value[0], "str": "".join(str(int(v)) for v in value), "none": None}
+        if how == "none" and name in ("track_mask", "track_slots"):
+            # None is "not given": the other track argument alone is refused
+            return name, None, "given without"
+        return name, wrong[how], "must be a 1-D sequence of"
+    name = draw(st.sampled_from(_ROWS if kind == "past_int64" else _ROWS[:2]))
+    value = kw[name]
+    r = draw(st.integers(0, len(value) - 1))
+    if kind == "past_int64":
+        big = _I64_MAX + 1 + draw(st.integers(0, 2**63 - 1))
+        if draw(st.booleans()):  # a list of Python ints
+            return name, [*value[:r], big, *value[r + 1 :]], "does not fit int64"
+        arr = np.array(value, dtype=np.uint64)  # an unsigned array
+        arr[r] = np.uint64(big)
+        return name, arr, "does not fit int64"
+    # overflow: a row whose end position (prefix + extend) passes int64 (or, the value
+    # itself past int64, does not fit; or a decode row's extend is not 1)
+    other = kw["prefix_lens" if name == "extend_lens" else "extend_lens"][r]
+    big = _I64_MAX - other + 1 + draw(st.integers(0, 3))
+    if big > _I64_MAX:
+        rule = "does not fit int64"
+    elif name == "extend_lens" and r >= spec.num_prefills:
+        rule = "is a decode row"
+    else:
+        rule = "overflow int64"
+    return name, [*value[:r], big, *value[r + 1 :]], rule
 
 
 def run_oracle(spec: BatchSpec, data: LayerData) -> list[OracleRow]:
