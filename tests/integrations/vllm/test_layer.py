@@ -10,7 +10,6 @@ be the oracle's.
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import torch
 
 from hybridmeta.integrations.vllm.layer import LayerShape, conv_ssm
@@ -38,13 +37,15 @@ def _step(
     n = len(query)
     qsl = torch.tensor([0, *torch.tensor(query).cumsum(0).tolist()], dtype=torch.int32)
     seq = torch.tensor([c + q for c, q in zip(computed, query, strict=True)], dtype=torch.int32)
+    state = torch.tensor(slots, dtype=torch.int32).view(n, 1)
     return VllmMamba2Step(
         query_start_loc=qsl,
+        mamba_cache_indices=state[:, 0],
         seq_lens=seq,
-        state_indices=torch.tensor(slots, dtype=torch.int32).view(n, 1),
+        state_indices=state,
         num_computed_tokens=torch.tensor(computed, dtype=torch.int32),
         checkpoint_slots=None if ckpt is None else torch.tensor(ckpt[1], dtype=torch.int32),
-        num_decodes=num_decodes,
+        num_decode_rows=num_decodes,
         num_decode_tokens=num_decodes,
         query_lens=np.array(query, dtype=np.int64),
         computed_lens=np.array(computed, dtype=np.int64),
@@ -148,11 +149,20 @@ def test_align_mode_checkpoint_lands_in_its_block() -> None:
         assert torch.equal(ssm[s], init_ssm[s]), s
 
 
-def test_checkpoint_off_the_planner_rule_is_refused() -> None:
-    from hybridmeta.integrations.vllm.metadata import TrackRuleError
-
-    # a 32-token prompt with interval 16: vLLM wants the state at 16 (strictly before the
-    # row's last token), the planner's rule would save at 32
-    step = _step([32], [0], [5], 0, ckpt=([16], [6], 16))
-    with pytest.raises(TrackRuleError, match="state at 16"):
-        mamba2_metadata(step)
+def test_checkpoint_before_a_row_end_on_a_boundary_lands_in_its_block() -> None:
+    # a 32-token prompt (a decode row first) with blocks of 16: the row's end is itself a
+    # boundary; vLLM wants the state at 16 (strictly before the row's last token) in
+    # block 6, the running state at 32 in block 5
+    step = _step([1, 32], [4, 0], [9, 5], 1, ckpt=([0, 16], [0, 6], 16))
+    md = mamba2_metadata(step)
+    assert md.mixed is not None and md.mixed.track.num_h == 1 and not md.has_mamba_track_mask
+    r = _run(step, seed=7)
+    _check_rows(step, r)
+    rows, conv, ssm = r["rows"], r["conv"], r["ssm"]
+    assert isinstance(rows, list) and isinstance(conv, torch.Tensor) and isinstance(ssm, torch.Tensor)
+    torch.testing.assert_close(conv[6], rows[1].conv_states[16], rtol=RTOL, atol=ATOL)
+    torch.testing.assert_close(ssm[6], rows[1].ssm_states[16], rtol=RTOL, atol=ATOL)
+    init_ssm = r["init_ssm"]
+    assert isinstance(init_ssm, torch.Tensor)
+    for s in set(range(SLOTS)) - {9, 5, 6}:
+        assert torch.equal(ssm[s], init_ssm[s]), s

@@ -5,9 +5,11 @@ declared extension point ``register_backend(MambaAttentionBackendEnum.MAMBA2, ..
 is_mamba=True)``. The builder keeps vLLM's own builder state (its persistent decode
 buffers, chunk size, the prefill-checkpoint builder that keeps the checkpoints in
 lockstep with vLLM's scheduler) and replaces ``build``: it reads what vLLM hands it into
-one :class:`~hybridmeta.integrations.vllm.metadata.VllmMamba2Step` (:func:`step_from_vllm`)
-and translates that through the one translation point,
-:func:`~hybridmeta.integrations.vllm.metadata.mamba2_metadata`.
+one :class:`~hybridmeta.integrations.vllm.metadata.VllmMamba2Step` (:func:`step_from_vllm`),
+an extension of hybridmeta's ``ForwardMetadata`` declaring vLLM's conventions, and
+translates that through the one translation point,
+:func:`~hybridmeta.integrations.vllm.metadata.mamba2_metadata`, into the
+``Mamba2Metadata`` every Mamba2 layer of the forward reads.
 
 Importing this module imports vLLM (it runs only inside a vLLM process).
 """
@@ -28,12 +30,13 @@ from vllm.v1.attention.backends.utils import (  # type: ignore[import-not-found]
 )
 
 from hybridmeta.integrations.vllm.metadata import (
+    NULL_BLOCK_ID,
     DecodeGraphBuffers,
-    VllmForward,
     VllmMamba2Step,
     decode_rows,
     mamba2_metadata,
 )
+from hybridmeta.model import Mamba2Metadata
 
 __all__ = ["HybridMamba2Backend", "HybridMamba2Builder", "step_from_vllm"]
 
@@ -85,20 +88,21 @@ def step_from_vllm(
         offsets = (0,) * num_decodes + tuple(int(o) for o in checkpoint.offsets)
         ckpt_slots = torch.cat(
             (
-                torch.zeros(num_decodes, dtype=checkpoint.state_indices.dtype,
-                            device=checkpoint.state_indices.device),
+                torch.full((num_decodes,), NULL_BLOCK_ID, dtype=checkpoint.state_indices.dtype,
+                           device=checkpoint.state_indices.device),
                 checkpoint.state_indices,
             )
         )  # fmt: skip
         interval = int(kv_cache_spec.block_size)
     return VllmMamba2Step(
         query_start_loc=common.query_start_loc[: n + 1],
+        mamba_cache_indices=state[:, 0],
         seq_lens=seq_lens,
         state_indices=state,
         num_computed_tokens=common.compute_num_computed_tokens()[:n],
         checkpoint_slots=ckpt_slots,
         num_accepted_tokens=None if num_accepted_tokens is None else num_accepted_tokens[:n],
-        num_decodes=num_decodes,
+        num_decode_rows=num_decodes,
         num_decode_tokens=int(qsl_cpu[num_decodes]),
         query_lens=query_lens,
         computed_lens=computed,
@@ -147,16 +151,15 @@ class HybridMamba2Builder(Mamba2AttentionMetadataBuilder):  # type: ignore[misc]
         common_attn_metadata: Any,
         fast_build: bool = False,
         **kwargs: Any,
-    ) -> VllmForward:
+    ) -> Mamba2Metadata:
         n = int(common_attn_metadata.num_reqs)
         lens = np.diff(common_attn_metadata.query_start_loc_cpu[: n + 1].numpy())
         live = n - int(np.argmax(lens[::-1] != 0)) if lens.any() else 0  # padding rows last
         step = self.build_step(common_attn_metadata, num_rows=live, **kwargs)
-        if self.graphs is not None and step.num_prefills == 0 and n <= self.graphs.buffers.max_bs:
-            md = self.graphs.refresh(step, n)  # views of exactly the bucket's n rows
-        else:
-            md = mamba2_metadata(step)
-        return VllmForward(md=md, step=step)
+        decode_only = step.num_decode_rows == live
+        if self.graphs is not None and decode_only and n <= self.graphs.buffers.max_bs:
+            return self.graphs.refresh(step, n)  # views of exactly the bucket's n rows
+        return mamba2_metadata(step)  # a Mamba2Metadata[VllmMamba2Step]
 
     def build_step(
         self, common_attn_metadata: Any, num_rows: int | None = None, **kwargs: Any

@@ -1,9 +1,10 @@
 """The conv + SSM of one Mamba2 layer over one vLLM forward, through hybridmeta's ops.
 
 The body of the plugin's ``MambaMixer2.conv_ssm_forward``, with no vLLM import (tested
-against the token-by-token oracle without vLLM). Tokens are in vLLM's order (decode rows
-first, one token each, then the prefill rows' tokens); every slot, plan and count the
-ops use comes from ``md``, the forward's ``Mamba2Metadata``.
+against the token-by-token oracle without vLLM). Tokens are in the metadata's declared row
+order (vLLM's: decode rows first, one token each, then the prefill rows' tokens); every
+slot, plan, count and token range the ops use comes from ``md``, the forward's
+``Mamba2Metadata``, and the ops take its declared null slot as their pad id.
 """
 
 from __future__ import annotations
@@ -72,10 +73,11 @@ def conv_ssm(
         ``dt_bias`` (``[heads]`` each).
     """
     H, P, G, N = shape.heads, shape.head_dim, shape.groups, shape.state
-    nd = md.num_decodes  # vLLM's decode tokens come first (one each)
-    tp = md.num_prefill_tokens
+    # The token ranges in the declared row order (vLLM's: the decode rows' tokens first).
+    dec, pre = md.decode_tokens(), md.prefill_tokens()
     if md.num_prefills:
-        xbc_p = xbc[nd : nd + tp]
+        tp = md.num_prefill_tokens
+        xbc_p = xbc[pre]
         conv = kernels.causal_conv1d_prefill(
             xbc_p, conv_weight, conv_bias, md=md, conv_state=conv_state,
             activation=shape.activation,
@@ -83,24 +85,25 @@ def conv_ssm(
         x, b, c = kernels.split_xbc(conv.out, H, P, G, N)
         params = kernels.SSMParams(A=A, D=D, dt_bias=dt_bias, dt_softplus=True)
         scan = kernels.ssd_chunked_scan(
-            x, dt[nd : nd + tp], b, c, params=params, md=md, ssm_state=ssm_state
+            x, dt[pre], b, c, params=params, md=md, ssm_state=ssm_state
         )
         kernels.extend_track_save(
             md, xbc=xbc_p, conv=conv, scan=scan, conv_state=conv_state, ssm_state=ssm_state
         )
-        output[nd : nd + tp].copy_(scan.y.reshape(tp, -1))
+        output[pre].copy_(scan.y.reshape(tp, -1))
         CALLS["prefill"] += 1
-    if nd:
+    if md.num_decodes:
+        nd = md.num_decodes
         u = kernels.causal_conv1d_update_from_metadata(
-            md, xbc[:nd], conv_state, conv_weight, conv_bias, activation=shape.activation
+            md, xbc[dec], conv_state, conv_weight, conv_bias, activation=shape.activation
         )
         x, b, c = kernels.split_xbc(u, H, P, G, N)
         y = kernels.ssm_state_update_from_metadata(
-            md, ssm_state, x, dt[:nd], A, b, c, D=D, dt_bias=dt_bias, dt_softplus=True,
+            md, ssm_state, x, dt[dec], A, b, c, D=D, dt_bias=dt_bias, dt_softplus=True,
             dt_limit=DT_LIMIT,
         )  # fmt: skip
-        output[:nd].copy_(y.reshape(nd, -1))
+        output[dec].copy_(y.reshape(nd, -1))
         CALLS["decode"] += 1
     # No row-end track save: in align mode a row's state at its own end is its block
-    # (vLLM copies it on), and the translation plans only checkpoints inside prefill rows
-    # (it refuses any other, metadata.TrackRuleError).
+    # (vLLM copies it on), and the translation plans only vLLM's checkpoints, each at a
+    # boundary strictly inside its prefill row (the planner's track_positions).
