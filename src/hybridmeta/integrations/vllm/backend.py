@@ -51,6 +51,7 @@ def step_from_vllm(
     checkpoints: Callable[[list[int]], Any] | None,
     num_accepted_tokens: torch.Tensor | None = None,
     num_rows: int | None = None,
+    num_spec: int = 0,
 ) -> VllmMamba2Step:
     """Read vLLM's ``CommonAttentionMetadata`` (and its prefill checkpoints) into a step.
 
@@ -61,6 +62,11 @@ def step_from_vllm(
     (vLLM's batch reorder puts them first); a one-token *first* chunk of a prompt has no
     state and is a prefill row, as in vLLM's own builder. ``num_rows``: the live rows
     (default every request row; a FULL-graph batch's padding rows come after them).
+
+    With speculative decoding (``num_spec`` > 0) a decode row has up to ``1 + num_spec``
+    tokens and a prompt still prefilling is not one (``is_prefilling``, as vLLM splits
+    the batch); the decode rows' accepted counts are vLLM's (every token accepted where
+    vLLM has none yet, as its builder does), the other rows' 1.
     """
     n = int(common.num_reqs) if num_rows is None else num_rows
     qsl_cpu = common.query_start_loc_cpu[: n + 1].numpy()
@@ -69,7 +75,11 @@ def step_from_vllm(
     if seq_lens_cpu is None:
         raise ValueError("hybridmeta vLLM builder: seq_lens_cpu_upper_bound is required")
     computed = seq_lens_cpu[:n].numpy().astype(np.int64) - query_lens
-    num_decodes = decode_rows(query_lens, computed)
+    prefilling = getattr(common, "is_prefilling", None) if num_spec else None
+    num_decodes = decode_rows(
+        query_lens, computed, 1 + num_spec,
+        None if prefilling is None else prefilling[:n].numpy().astype(bool),
+    )  # fmt: skip
     # vLLM's checkpoint builder (lockstep with its scheduler) covers the prefill rows.
     checkpoint = (
         checkpoints(list(range(num_decodes, n))) if checkpoints is not None and num_decodes < n
@@ -81,6 +91,13 @@ def step_from_vllm(
     if state.dim() == 1:
         state = state.unsqueeze(-1)
     seq_lens = common.seq_lens[:n]
+    accepted: torch.Tensor | None = None
+    if num_spec and num_decodes:
+        qsl_d = common.query_start_loc[: num_decodes + 1]
+        acc_d = (
+            torch.diff(qsl_d) if num_accepted_tokens is None else num_accepted_tokens[:num_decodes]
+        )
+        accepted = torch.cat((acc_d, acc_d.new_ones(n - num_decodes)))
     offsets: tuple[int, ...] | None = None
     ckpt_slots: torch.Tensor | None = None
     interval = 0
@@ -101,7 +118,7 @@ def step_from_vllm(
         state_indices=state,
         num_computed_tokens=common.compute_num_computed_tokens()[:n],
         checkpoint_slots=ckpt_slots,
-        num_accepted_tokens=None if num_accepted_tokens is None else num_accepted_tokens[:n],
+        num_accepted_tokens=accepted,
         num_decode_rows=num_decodes,
         num_decode_tokens=int(qsl_cpu[num_decodes]),
         query_lens=query_lens,
@@ -127,17 +144,22 @@ class HybridMamba2Builder(Mamba2AttentionMetadataBuilder):  # type: ignore[misc]
                  device: torch.device) -> None:  # fmt: skip
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         if self.num_spec_tokens:
-            raise NotImplementedError(
-                "hybridmeta vLLM plugin: speculative decoding is not served yet "
-                "(docs/vllm.md, 'Not supported yet')"
-            )
+            method = getattr(vllm_config.speculative_config, "method", None)
+            align = vllm_config.cache_config.mamba_cache_mode == "align"
+            if method != "ngram" or align:
+                raise NotImplementedError(
+                    "hybridmeta vLLM plugin: speculative decoding is served for the 'ngram' "
+                    f"method without prefix caching only (got method {method!r}"
+                    f"{', align-mode prefix caching' if align else ''}; docs/vllm.md)"
+                )
         if self.use_replayssm:
             raise NotImplementedError("hybridmeta vLLM plugin: ReplaySSM is not supported")
+        # conv blocks hold K - 1 + num_spec columns (the drafts' history)
         conv_shape = kv_cache_spec.shapes[0]
-        self.conv_kernel = int(min(conv_shape)) + 1
+        self.conv_kernel = int(min(conv_shape)) + 1 - int(self.num_spec_tokens)
         # vLLM's FULL-graph decode path: persistent buffers from StaticBuffers.
         self.graphs: DecodeGraphBuffers | None = None
-        if self.compilation_config.cudagraph_mode.has_full_cudagraphs():
+        if self.compilation_config.cudagraph_mode.has_full_cudagraphs() and not self.num_spec_tokens:
             blocks = vllm_config.cache_config.num_gpu_blocks
             self.graphs = DecodeGraphBuffers(
                 max_bs=self.decode_cudagraph_max_bs,
@@ -174,6 +196,7 @@ class HybridMamba2Builder(Mamba2AttentionMetadataBuilder):  # type: ignore[misc]
             checkpoints=lambda rows: self.checkpoint_builder.build(common_attn_metadata, rows),
             num_accepted_tokens=kwargs.get("num_accepted_tokens"),
             num_rows=num_rows,
+            num_spec=int(self.num_spec_tokens),
         )
 
 

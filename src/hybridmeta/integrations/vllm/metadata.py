@@ -65,8 +65,9 @@ VLLM_CONVENTIONS = Conventions(row_order=RowOrder.DECODES_FIRST, null_slot=NULL_
 class VllmMamba2Step(ForwardMetadata):
     """One forward as vLLM's scheduler hands it to the Mamba2 metadata builder.
 
-    Rows in vLLM's order: ``num_decode_rows`` decode rows first (one token each), then the
-    prefill rows. Slot ids are state-cache block ids; ``0`` (``NULL_BLOCK_ID``) is the
+    Rows in vLLM's order: ``num_decode_rows`` decode rows first (one token each; with
+    speculative decoding ``1 ..  1 + num_spec`` tokens each, ``num_accepted_tokens``
+    given), then the prefill rows. Slot ids are state-cache block ids; ``0`` (``NULL_BLOCK_ID``) is the
     null slot. ``query_start_loc`` is vLLM's; ``mamba_cache_indices`` (the working slot
     the ops read and write) is column 0 of ``state_indices``, the running state block.
 
@@ -170,13 +171,23 @@ _ROOT_FIELDS = frozenset(f.name for f in fields_of(ForwardMetadata))
 _VLLM_FIELDS = tuple(s.name for s in fields_of(VllmMamba2Step) if s.name not in _ROOT_FIELDS)
 
 
-def decode_rows(query_lens: npt.NDArray[np.int64], computed_lens: npt.NDArray[np.int64]) -> int:
-    """How many leading rows are decode rows: one new token on top of a state.
+def decode_rows(
+    query_lens: npt.NDArray[np.int64],
+    computed_lens: npt.NDArray[np.int64],
+    threshold: int = 1,
+    prefilling: npt.NDArray[np.bool_] | None = None,
+) -> int:
+    """How many leading rows are decode rows: at most ``threshold`` new tokens (``1``, or
+    ``1 + num_spec`` with speculative decoding) on top of a state.
 
     vLLM's batch reorder puts decodes first; a one-token *first* chunk of a prompt has no
-    state and is a prefill row (as in vLLM's own builder).
+    state and is a prefill row, and so is a short chunk of a prompt still prefilling
+    (``prefilling``, vLLM's ``is_prefilling``) unless it is one token on a state (as in
+    vLLM's own builder).
     """
-    is_decode = (query_lens == 1) & (computed_lens > 0)
+    is_decode = (query_lens >= 1) & (query_lens <= threshold) & (computed_lens > 0)
+    if prefilling is not None:
+        is_decode &= ~prefilling | (query_lens == 1)
     if is_decode.all():
         return int(is_decode.shape[0])
     return int(is_decode.argmin())
@@ -282,7 +293,9 @@ def mamba2_metadata(step: VllmMamba2Step) -> Mamba2Metadata:
     """The ``Mamba2Metadata`` of one vLLM forward: the one translation point.
 
     A decode step (the hot path) is ``prepare_decode(step)``: vLLM's own tensors, no plan
-    and no host copy. A step with prefill rows is planned in vLLM's row order (the
+    and no host copy. With speculative decoding (``num_accepted_tokens`` given) the
+    decode rows carry ``1 .. 1 + num_spec`` tokens each, which the planner's decode rows
+    cannot: the prefill rows are planned alone (:func:`_spec_metadata`). A step with prefill rows is planned in vLLM's row order (the
     step's class declares it) with align-mode checkpoints as the planner's track rows at
     vLLM's positions, and the planned forward carries every field of the step. Either way
     the result is ``Mamba2Metadata.evolve_from`` of a :class:`VllmMamba2Step`.
@@ -294,6 +307,8 @@ def mamba2_metadata(step: VllmMamba2Step) -> Mamba2Metadata:
     """
     if step.num_decode_rows == step.query_lens.shape[0]:
         return prepare_decode(step)
+    if step.num_accepted_tokens is not None:
+        return _spec_metadata(step)
     hp = plan_host(
         extend_lens=step.query_lens,
         prefix_lens=step.computed_lens,
@@ -306,3 +321,39 @@ def mamba2_metadata(step: VllmMamba2Step) -> Mamba2Metadata:
     )
     views = to_device_packed(hp.arrays, step.query_start_loc.device, as_bool=BOOL_PARTS)
     return hp.metadata(views, **{name: getattr(step, name) for name in _VLLM_FIELDS})
+
+
+def _spec_metadata(step: VllmMamba2Step) -> Mamba2Metadata:
+    """A speculative step with prefill rows: the prefill rows planned on their own (their
+    plan, ``MixedMetadata``, covers the prefill rows and their tokens alone), then
+    ``Mamba2Metadata.evolve_from(step, ...)`` over every row of the step.
+
+    The decode rows' tokens are the first ``num_decode_tokens`` (varlen: the metadata's
+    ``decode_tokens()`` assumes one token a decode row, docs/vllm_api_needs.md item 9);
+    the layer reads them, their blocks and accepted counts from the metadata's vLLM
+    fields. Align-mode checkpoints are not served with speculative decoding (the builder
+    refuses the pair at engine start).
+    """
+    if step.checkpoint_offsets is not None and any(step.checkpoint_offsets):
+        raise NotImplementedError(
+            "mamba2_metadata: align-mode checkpoints with speculative decoding are not served "
+            "yet (docs/vllm.md, 'Not supported yet')"
+        )
+    nd = step.num_decode_rows
+    hp = plan_host(
+        extend_lens=step.query_lens[nd:],
+        prefix_lens=step.computed_lens[nd:],
+        slots=_host_slots(step.mamba_cache_indices[nd:]),
+        num_decodes=0,
+        chunk_size=step.chunk_size,
+        conv_kernel=step.conv_kernel,
+    )
+    views = to_device_packed(hp.arrays, step.query_start_loc.device, as_bool=BOOL_PARTS)
+    mixed = hp.metadata(views).mixed
+    return Mamba2Metadata.evolve_from(
+        step,
+        num_prefills=hp.num_prefills,
+        num_prefill_tokens=hp.num_prefill_tokens,
+        num_decodes=nd,
+        mixed=mixed,
+    )
