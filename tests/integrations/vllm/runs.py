@@ -110,7 +110,7 @@ def rounds(name: str) -> list[dict[str, Any]]:
         {"prompts": fixed, "max_tokens": MAX_TOKENS},  # cold
         {"prompts": fixed, "max_tokens": MAX_TOKENS},  # again: align-mode prefix-cache hits
         {"prompts": many, "max_tokens": 4},
-        {"prompts": spec_prompts(name), "max_tokens": 16},  # SPEC_ROUND
+        {"prompts": spec_prompts(name), "max_tokens": 40},  # SPEC_ROUND
     ]
 
 

@@ -10,6 +10,7 @@ be the oracle's.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from hybridmeta.integrations.vllm.layer import LayerShape, conv_ssm
@@ -168,7 +169,8 @@ def test_checkpoint_before_a_row_end_on_a_boundary_lands_in_its_block() -> None:
         assert torch.equal(ssm[s], init_ssm[s]), s
 
 
-def test_speculative_decode_rows_in_vllms_state_layout_match_the_oracle() -> None:
+@pytest.mark.parametrize("with_prefill", [True, False])
+def test_speculative_decode_rows_in_vllms_state_layout_match_the_oracle(with_prefill: bool) -> None:
     # ngram-style speculative decoding, num_spec = 2: each decode row has 3 state blocks
     # (columns) and 1 + drafts tokens (3, 1, 2); it starts from column num_accepted - 1
     # and leaves the state after each token in that token's column; conv blocks have
@@ -178,6 +180,8 @@ def test_speculative_decode_rows_in_vllms_state_layout_match_the_oracle() -> Non
     query, computed = [3, 1, 2, 9], [6, 11, 4, 8]
     blocks = torch.tensor([[3, 4, 5], [6, 7, 8], [9, 10, 11], [12, 0, 0]], dtype=torch.int32)
     accepted = torch.tensor([2, 3, 1, 1], dtype=torch.int32)
+    if not with_prefill:  # a decode-only speculative step: prepare_decode(step)
+        query, computed, blocks, accepted = query[:3], computed[:3], blocks[:3], accepted[:3]
     n = len(query)
     qsl = torch.tensor([0, *torch.tensor(query).cumsum(0).tolist()], dtype=torch.int32)
     step = VllmMamba2Step(
@@ -189,7 +193,7 @@ def test_speculative_decode_rows_in_vllms_state_layout_match_the_oracle() -> Non
         chunk_size=8, conv_kernel=K,
     )  # fmt: skip
     md = mamba2_metadata(step)
-    assert (md.num_decodes, md.num_prefills, md.num_prefill_tokens) == (3, 1, 9)
+    assert (md.num_decodes, md.num_prefills, md.num_prefill_tokens) == (3, n - 3, 9 * (n - 3))
     assert isinstance(md, VllmMamba2Step) and md.num_accepted_tokens is accepted
     g = torch.Generator().manual_seed(11)
     T = sum(query)
