@@ -240,3 +240,23 @@ def test_speculative_decode_rows_in_vllms_state_layout_match_the_oracle(with_pre
     for s in set(range(SLOTS)) - written:
         assert torch.equal(ssm_pool[s], init_ssm[s]), s
     assert torch.equal(conv_pool[0], init_conv[0])  # the null block
+
+
+def test_a_row_carrying_the_null_block_is_a_pad_row() -> None:
+    # vLLM pads a batch's rows with NULL_BLOCK_ID = 0 (its persistent buffers): such a row
+    # reads and writes no state (block 0 stays as it was) and gets a zero output
+    step = _step([1, 1, 1], [4, 4, 7], [5, 0, 2], 3)
+    g = torch.Generator().manual_seed(2)
+    conv_pool = torch.randn(SLOTS, K - 1, CONV, generator=g).transpose(-1, -2)
+    ssm_pool = torch.randn(SLOTS, H, P, N, generator=g)
+    init_conv, init_ssm = conv_pool.clone(), ssm_pool.clone()
+    out = torch.full((3, H * P), float("nan"))
+    conv_ssm(
+        mamba2_metadata(step), torch.randn(3, CONV, generator=g), torch.randn(3, H, generator=g),
+        out, conv_state=conv_pool, ssm_state=ssm_pool, conv_weight=torch.randn(CONV, K, generator=g),
+        conv_bias=None, A=-torch.rand(H, generator=g), D=torch.randn(H, generator=g),
+        dt_bias=torch.randn(H, generator=g), shape=LayerShape(heads=H, head_dim=P, groups=G, state=N),
+    )  # fmt: skip
+    assert bool((out[1] == 0).all()) and not out[[0, 2]].isnan().any()
+    assert torch.equal(conv_pool[0], init_conv[0]) and torch.equal(ssm_pool[0], init_ssm[0])
+    assert not torch.equal(ssm_pool[5], init_ssm[5]) and not torch.equal(ssm_pool[2], init_ssm[2])

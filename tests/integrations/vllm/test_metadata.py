@@ -260,6 +260,7 @@ def test_the_layer_gets_the_builders_step() -> None:
     assert type(md).__qualname__ == "Mamba2Metadata[VllmMamba2Step]"
     assert md.state_indices is step.state_indices and md.seq_lens is step.seq_lens
     assert md.conventions == VLLM_CONVENTIONS and md.decode_rows() == slice(0, 2)
+    assert (md.conventions.null_slot, md.conventions.decodes_first) == (0, True)
     assert md.mamba_cache_indices.tolist() == [2, 5]
     assert decode_rows(np.array([1, 1, 1, 5]), np.array([3, 0, 2, 0])) == 1  # fresh 1-token prompt
 
