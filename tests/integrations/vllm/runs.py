@@ -146,13 +146,25 @@ def _spec(mode: str, tp: int, names: tuple[str, ...]) -> dict[str, Any]:
 def served(mode: str, tp: int = 1, names: tuple[str, ...] | None = None) -> dict[str, Any]:
     """Serve every checkpoint (``tp == 1``; the ``*_spec`` modes: :data:`SPEC_CHECKPOINTS`)
     or :data:`TP_CHECKPOINTS` in one process."""
+    spec_mode = mode.endswith("_spec")
+    if spec_mode and names is None:
+        # vLLM 0.32's CPU build starts a second speculative engine in one process only to
+        # fail (its Triton-override rebinding: "'_lib_fn_wrapper' object has no attribute
+        # 'get'"): one process per checkpoint
+        merged: dict[str, Any] = {"engines": {}, "wall_s": 0.0}
+        for n in SPEC_CHECKPOINTS:
+            one = served(mode, tp, (n,))
+            merged["engines"].update(one["engines"])
+            merged["wall_s"] += one["wall_s"]
+        return merged
     if names is None:
-        names = (SPEC_CHECKPOINTS if mode.endswith("_spec") else SERVED) if tp == 1 else TP_CHECKPOINTS
+        names = SERVED if tp == 1 else TP_CHECKPOINTS
     out_dir = CACHE / "runs"
     out_dir.mkdir(parents=True, exist_ok=True)
-    spec_path = out_dir / f"{mode}_tp{tp}.spec.json"
-    out_path = out_dir / f"{mode}_tp{tp}.out.json"
-    log_path = out_dir / f"{mode}_tp{tp}.log"
+    stem = f"{mode}_tp{tp}" + (f"_{'_'.join(names)}" if spec_mode else "")
+    spec_path = out_dir / f"{stem}.spec.json"
+    out_path = out_dir / f"{stem}.out.json"
+    log_path = out_dir / f"{stem}.log"
     spec_text = json.dumps(_spec(mode, tp, names))
     if (
         os.environ.get("HYBRIDMETA_VLLM_REUSE") == "1"  # by hand only: re-read a finished run
