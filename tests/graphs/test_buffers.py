@@ -9,7 +9,19 @@ from typing import Any
 import pytest
 import torch
 
-from hybridmeta import TOKENS, Dim, debug_mode, fields_of
+from hybridmeta import (
+    BATCH,
+    INDEX,
+    TOKENS,
+    Conventions,
+    Dim,
+    Pad,
+    RowOrder,
+    debug_mode,
+    fields_of,
+    metadata,
+    tensor_field,
+)
 from hybridmeta.graphs import (
     EmulatedGraphBackend,
     InputSpec,
@@ -17,7 +29,7 @@ from hybridmeta.graphs import (
     bucket_for,
     default_buckets,
 )
-from hybridmeta.model import ForwardMetadata, Mamba2Metadata
+from hybridmeta.model import ForwardMetadata, Mamba2Metadata, SpecCommitMetadata
 
 MAX_BS = 6
 SLOTS = 16
@@ -765,3 +777,62 @@ def test_a_write_that_fails_leaves_no_bucket_whole(monkeypatch: pytest.MonkeyPat
     buffers.refresh(_step([5, 2]), 4, _x(2))
     held.append(buffers.refreshed_bucket)
     assert held == [None, (4, 1)]
+
+
+# --------------------------------------------------------------------------- engine extensions
+
+
+@metadata(extension=True, conventions=Conventions(row_order=RowOrder.DECODES_FIRST, null_slot=0))
+class _EngineStep(ForwardMetadata):
+    """vLLM-shaped: its own per-row field and host field, null slot 0 (a reserved block)."""
+
+    seq_lens: torch.Tensor = tensor_field(rows=BATCH, dtypes=INDEX, pad=Pad.value(0))
+    spec_budget: int = 0
+
+
+def _engine_step(slots: list[int], seq: list[int], **kw: Any) -> _EngineStep:
+    bs = len(slots)
+    return _EngineStep(
+        query_start_loc=torch.arange(bs + 1),
+        mamba_cache_indices=torch.tensor(slots, dtype=torch.int64),
+        seq_lens=torch.tensor(seq, dtype=torch.int64),
+        **kw,
+    )
+
+
+def _as_engine(md: Mamba2Metadata) -> _EngineStep:
+    # The bucket's metadata is the generated specialisation: the engine's fields flow.
+    assert isinstance(md, _EngineStep) and isinstance(md, Mamba2Metadata)
+    return md
+
+
+def test_an_engine_extension_is_buffered_from_its_declarations() -> None:
+    buffers = _buffers(source=_EngineStep, optional_fields=(), num_slots=SLOTS)
+    _poison(buffers)
+    md = _as_engine(buffers.refresh(_engine_step([3, 1], [17, 9]), 4, _x(2)))
+    ptr = md.seq_lens.data_ptr()
+    assert md.seq_lens.tolist() == [17, 9, 0, 0]  # its declared pad on the pad rows
+    # Slot fields pad with the class's declared null slot, not -1.
+    assert md.mamba_cache_indices.tolist() == [3, 1, 0, 0]
+    assert md.spec_budget == 0
+    # The stale tail beyond the bucket stays unreachable.
+    assert _snapshot(buffers)["seq_lens"][4:].tolist() == [7, 7]
+    # A smaller step through the same bucket: the previous rows 1..3 are padded again.
+    md = _as_engine(buffers.refresh(_engine_step([5], [4]), 4, _x(1)))
+    assert md.seq_lens.tolist() == [4, 0, 0, 0]
+    assert md.seq_lens.data_ptr() == ptr  # one static buffer, every step
+    assert md.mamba_cache_indices.tolist() == [5, 0, 0, 0]
+
+
+def test_an_engine_extension_step_is_checked_like_the_root() -> None:
+    buffers = _buffers(source=_EngineStep, optional_fields=())
+    with pytest.raises(TypeError, match=r"step must be a _EngineStep, got ForwardMetadata"):
+        buffers.refresh(_step([1]), 2, _x(1))
+    with pytest.raises(ValueError, match=r"spec_budget.*captured with 0"):
+        buffers.refresh(_engine_step([1], [3], spec_budget=2), 2, _x(1))
+    frozen = _buffers(source=_EngineStep, optional_fields=(), static={"spec_budget": 2})
+    assert _as_engine(frozen.refresh(_engine_step([1], [3], spec_budget=2), 2, _x(1))).spec_budget == 2
+    with pytest.raises(ValueError, match=r"source must be ForwardMetadata or an extension"):
+        _buffers(source=Mamba2Metadata)
+    with pytest.raises(ValueError, match=r"supported with metadata_class=Mamba2Metadata only"):
+        _buffers(source=_EngineStep, metadata_class=SpecCommitMetadata)

@@ -66,6 +66,7 @@ from hybridmeta.core import (
     _hooks,
     check_values,
     fields_of,
+    is_extension,
     source_of,
 )
 from hybridmeta.debug import is_debug
@@ -258,6 +259,14 @@ class StaticBuffers:
         ``[num_virtual]`` map from virtual slot ids (request-pool indices) to physical state
         slots. When given, the translated slot fields (``Role.WORKING_SLOT``) of a step
         hold virtual ids.
+    source : type
+        The step's class: ``ForwardMetadata`` (default) or an engine's extension of it
+        (``@metadata(extension=True)``). Its own per-row fields are buffered from their
+        declarations like the root's (dtype, pad; slot fields pad with the class's declared
+        null slot), its host fields are frozen like the root's (``static``), and each bucket's
+        metadata is ``Mamba2Metadata.evolve_from`` of an instance of it (the generated
+        specialisation, carrying the engine's fields). With ``metadata_class`` other than
+        ``Mamba2Metadata`` only the default is supported.
     """
 
     def __init__(
@@ -273,7 +282,22 @@ class StaticBuffers:
         index_dtype: torch.dtype = torch.int64,
         inputs: Mapping[str, InputSpec] | None = None,
         slot_table: torch.Tensor | None = None,
+        source: type[ForwardMetadata] = ForwardMetadata,
     ) -> None:
+        if not (
+            isinstance(source, type)
+            and issubclass(source, ForwardMetadata)
+            and (source is ForwardMetadata or is_extension(source))
+        ):
+            raise ValueError(
+                f"StaticBuffers: source must be ForwardMetadata or an extension of it "
+                f"(@metadata(extension=True)), got {source!r}"
+            )
+        if source is not ForwardMetadata and metadata_class is not Mamba2Metadata:
+            raise ValueError(
+                f"StaticBuffers: source={source.__qualname__} is supported with "
+                f"metadata_class=Mamba2Metadata only, got {metadata_class.__qualname__}"
+            )
         if isinstance(max_bs, bool) or not isinstance(max_bs, int) or max_bs <= 0:
             raise ValueError(f"StaticBuffers: max_bs must be an int > 0, got {max_bs!r}")
         if isinstance(num_slots, bool) or not isinstance(num_slots, int) or num_slots <= 0:
@@ -291,11 +315,12 @@ class StaticBuffers:
         self.index_dtype = index_dtype
         self.metadata_class = metadata_class
         self._chain = _chain(metadata_class)
+        self.source = source
         self._step_class: type[ForwardMetadata] = (
-            ForwardMetadata if metadata_class is Mamba2Metadata else metadata_class
+            source if metadata_class is Mamba2Metadata else metadata_class
         )
 
-        root = fields_of(ForwardMetadata)
+        root = fields_of(source)
         # Mamba2Metadata's own fields are computed from the rows (prepare_decode /
         # prepare_target_verify); fields added below it must be per-row tensors.
         computed = {s.name for s in fields_of(Mamba2Metadata)}
@@ -416,7 +441,7 @@ class StaticBuffers:
         unknown = set(given) - {s.name for s in host}
         if unknown:
             raise ValueError(
-                f"StaticBuffers: static names non-tensor ForwardMetadata fields only; unknown "
+                f"StaticBuffers: static names non-tensor {self.source.__qualname__} fields only; unknown "
                 f"{sorted(unknown)} (known: {[s.name for s in host]})"
             )
         if self._col_field is not None and self._col_field in given:
@@ -1301,7 +1326,7 @@ class StaticBuffers:
         own = [set(self._added_names(cls)) for cls in self._chain[1:]]
         derived = set().union(*own) if own else set()
         kwargs.update({n: v for n, v in fields.items() if n not in derived})
-        fwd = ForwardMetadata(**kwargs)
+        fwd = self.source(**kwargs)
         md = prepare_target_verify(fwd) if self.is_target_verify else prepare_decode(fwd)
         for cls, names in zip(self._chain[1:], own, strict=True):
             md = cls.evolve_from(md, **{n: fields[n] for n in names})  # type: ignore[attr-defined]
