@@ -281,3 +281,18 @@ def test_a_mixed_step_keeps_vllms_row_order_and_fields() -> None:
     assert (md.decode_rows(), md.prefill_rows()) == (slice(0, 2), slice(2, 3))
     assert md.mamba_cache_indices.tolist() == [3, 7, 5]  # vLLM's order, no permutation
     assert md.query_start_loc.tolist() == qsl.tolist()
+
+
+def test_full_graph_pad_rows_carry_vllms_null_block() -> None:
+    # as vLLM's own persistent buffers: a bucket of 4 for 2 live rows pads with block 0,
+    # which the decode ops take as their pad id (block 0 unread and unwritten)
+    backend = VllmDecodeGraphs(max_bs=4, num_slots=7)
+    assert backend.graphs.capture(4).mamba_cache_indices.tolist() == [0, 0, 0, 0]
+    ins = {"xbc": torch.randn(2, CONV), "dt": torch.randn(2, H)}
+    md = backend.graphs.refresh(decode_step([3, 6], [4, 9]), 4, ins)
+    assert md.mamba_cache_indices.tolist() == [3, 6, 0, 0] and md.conventions.null_slot == 0
+    conv0, ssm0 = backend.conv[0].clone(), backend.ssm[0].clone()
+    views = backend.graphs.buffers.views(4)
+    y = backend._layer(md, views["xbc"], views["dt"], backend.conv, backend.ssm)
+    assert bool((y[2:] == 0).all())
+    assert torch.equal(backend.conv[0], conv0) and torch.equal(backend.ssm[0], ssm0)

@@ -47,6 +47,7 @@ __all__ = [
     "NULL_BLOCK_ID",
     "VLLM_CONVENTIONS",
     "DecodeGraphBuffers",
+    "VllmDecodeForward",
     "VllmMamba2Step",
     "decode_rows",
     "mamba2_metadata",
@@ -166,6 +167,14 @@ class VllmMamba2Step(ForwardMetadata):
             )
 
 
+@metadata(extension=True, conventions=VLLM_CONVENTIONS)
+class VllmDecodeForward(ForwardMetadata):
+    """A decode step of vLLM's FULL-graph path as :class:`DecodeGraphBuffers` buffers it:
+    the offsets and working slots only (no host field a step would change), with vLLM's
+    conventions, so the graph's pad rows carry ``NULL_BLOCK_ID`` as vLLM's own persistent
+    buffers do."""
+
+
 #: The fields vLLM's step adds to ``ForwardMetadata``: the planner's forward carries them.
 _ROOT_FIELDS = frozenset(f.name for f in fields_of(ForwardMetadata))
 _VLLM_FIELDS = tuple(s.name for s in fields_of(VllmMamba2Step) if s.name not in _ROOT_FIELDS)
@@ -233,8 +242,9 @@ class DecodeGraphBuffers:
     pads them with ``NULL_BLOCK_ID``; here every per-row field the decode ops read is a
     static buffer generated from the declarations, refreshed in place for each step and
     handed out as views of exactly the bucket's rows (no stale tail reaches a kernel).
-    ``StaticBuffers`` buffers ``ForwardMetadata`` (not an extension of it yet), so these
-    pad with its null slot ``-1``: pad rows write no state either way.
+    The buffered step is a :class:`VllmDecodeForward` (``StaticBuffers(source=...)``): its
+    pad rows carry vLLM's null block ``0``, which every op takes as its pad id (they read
+    and write no state).
 
     Parameters
     ----------
@@ -262,6 +272,7 @@ class DecodeGraphBuffers:
             index_dtype=torch.int32,
             optional_fields=(),  # a decode row saves nothing: no track fields
             inputs=inputs,
+            source=VllmDecodeForward,
         )
 
     def capture(self, bucket: int) -> Mamba2Metadata:
@@ -283,7 +294,7 @@ class DecodeGraphBuffers:
             )
         # A decode row's block boundary is vLLM's block copy, not a layer save: the
         # buffered fields are the offsets and the working slots.
-        fwd = ForwardMetadata(
+        fwd = VllmDecodeForward(
             query_start_loc=step.query_start_loc, mamba_cache_indices=step.mamba_cache_indices
         )
         return self.buffers.refresh(fwd, bucket, inputs)
