@@ -9,13 +9,18 @@ import pytest
 import torch
 
 from hybridmeta import (
+    BATCH,
+    INDEX,
     Conventions,
     ForwardMetadata,
     Mamba2Metadata,
+    Pad,
+    Role,
     RowOrder,
     debug_mode,
     metadata,
     planner,
+    tensor_field,
 )
 from hybridmeta.planner import MixedHostPlan, plan_host, plan_mixed_batch, plan_verify_host
 from hybridmeta.staging import to_device_packed
@@ -531,3 +536,23 @@ def test_track_positions_are_checked(positions: list[int], match: str) -> None:
         _host(**kw, track_positions=positions)
     with pytest.raises(ValueError, match="track_positions given without track_mask"):
         _host(extend_lens=[5], prefix_lens=[0], slots=[1], track_positions=[4])
+
+
+@metadata(extension=True, conventions=Conventions(row_order=RowOrder.DECODES_FIRST, null_slot=0))
+class _EngineStep(ForwardMetadata):
+    """An engine's step with a field of its own (no default: the planner must pass it)."""
+
+    seq_lens: torch.Tensor = tensor_field(rows=BATCH, dtypes=INDEX, pad=Pad.value(0), role=Role.ENGINE_ONLY)
+
+
+def test_plan_mixed_batch_passes_engine_fields_through_the_constructor() -> None:
+    seq = torch.tensor([8, 5])
+    for ext, nd in (([1, 5], 1), ([1, 1], 2)):  # mixed, and decode-only
+        md = plan_mixed_batch(extend_lens=ext, prefix_lens=[7, 4], slots=[3, 4], num_decodes=nd,
+                              chunk_size=4, conv_kernel=4, forward_cls=_EngineStep,
+                              engine={"seq_lens": seq})  # fmt: skip
+        assert isinstance(md, _EngineStep) and md.seq_lens is seq
+        assert md.mamba_cache_indices.tolist() == [3, 4]
+    with pytest.raises(TypeError):  # the class's own field is required
+        plan_mixed_batch(extend_lens=[1, 5], prefix_lens=[7, 4], slots=[3, 4], num_decodes=1,
+                         chunk_size=4, conv_kernel=4, forward_cls=_EngineStep)  # fmt: skip

@@ -924,6 +924,7 @@ def _plan(
     device: torch.device | None,
     forward_cls: type[ForwardMetadata],
     track_positions: IntLike | None = None,
+    engine: Mapping[str, object] | None = None,
 ) -> MixedHostPlan | Mamba2Metadata:
     """:func:`plan_host`; with a ``device``, :func:`plan_mixed_batch`: the plan is packed
     for the device as it is computed (:class:`_Staging`), and no host plan is kept.
@@ -965,8 +966,8 @@ def _plan(
         if device is not None:
             staging, _ = _pack(device, [qsl, slt, track_out], (), [is_final], _ORDER_ROWS)
             return _metadata(
-                staging.views(device), {}, 0, num_decodes, 0, chunk_size, conv_kernel, track,
-                bool(final_rows), forward_cls,
+                staging.views(device), engine or {}, 0, num_decodes, 0, chunk_size, conv_kernel,
+                track, bool(final_rows), forward_cls,
             )  # fmt: skip
         parts: tuple[IntArray, ...] = (qsl, slt, track_out, is_final.astype(np.int64))
         return _host_plan(
@@ -1010,8 +1011,8 @@ def _plan(
         _token_parts(token_pos, token_conv, starts, chunk_len, cell, value, total, conv_kernel)
         # Planned for a device: its metadata over the staged views (no host arrays kept).
         return _metadata(
-            staging.views(device), {}, n_pre, num_decodes, total, chunk_size, conv_kernel,
-            track, bool(final_rows), forward_cls,
+            staging.views(device), engine or {}, n_pre, num_decodes, total, chunk_size,
+            conv_kernel, track, bool(final_rows), forward_cls,
         )  # fmt: skip
     token_pos = np.empty(total, dtype=np.int64)
     token_conv = np.empty(total * conv_kernel, dtype=np.int64)
@@ -1389,10 +1390,14 @@ def plan_mixed_batch(
     device: torch.device | str = "cpu",
     forward_cls: type[ForwardMetadata] = ForwardMetadata,
     track_positions: IntLike | None = None,
+    engine: Mapping[str, object] | None = None,
 ) -> Mamba2Metadata:
     """:func:`plan_host`, then one staged copy to ``device``: the forward's metadata.
 
-    Parameters are those of :func:`plan_host`, plus the ``device`` of the metadata.
+    Parameters are those of :func:`plan_host`, plus the ``device`` of the metadata and
+    ``engine``: further fields of the forward (``forward_cls``'s own, an extension's),
+    passed through its constructor with the planned ones (as
+    :meth:`MixedHostPlan.metadata` takes them).
     """
     dev = _device(device, "plan_mixed_batch")
     md = _plan(
@@ -1408,6 +1413,7 @@ def plan_mixed_batch(
         device=dev,
         forward_cls=forward_cls,
         track_positions=track_positions,
+        engine=engine,
     )
     assert isinstance(md, Mamba2Metadata)
     return md

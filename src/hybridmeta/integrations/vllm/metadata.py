@@ -40,7 +40,7 @@ from hybridmeta.core import (
 )
 from hybridmeta.graphs.buffers import InputSpec, StaticBuffers
 from hybridmeta.model import ForwardMetadata, Mamba2Metadata, prepare_decode
-from hybridmeta.planner import BOOL_PARTS, plan_host
+from hybridmeta.planner import BOOL_PARTS, plan_host, plan_mixed_batch
 from hybridmeta.staging import to_device_packed
 
 __all__ = [
@@ -320,18 +320,18 @@ def mamba2_metadata(step: VllmMamba2Step) -> Mamba2Metadata:
         return prepare_decode(step)
     if step.num_accepted_tokens is not None:
         return _spec_metadata(step)
-    hp = plan_host(
+    return plan_mixed_batch(
         extend_lens=step.query_lens,
         prefix_lens=step.computed_lens,
         slots=_host_slots(step.mamba_cache_indices),
         num_decodes=step.num_decode_rows,
         chunk_size=step.chunk_size,
         conv_kernel=step.conv_kernel,
+        device=step.query_start_loc.device,
         forward_cls=type(step),
+        engine={name: getattr(step, name) for name in _VLLM_FIELDS},
         **_track_rows(step),
     )
-    views = to_device_packed(hp.arrays, step.query_start_loc.device, as_bool=BOOL_PARTS)
-    return hp.metadata(views, **{name: getattr(step, name) for name in _VLLM_FIELDS})
 
 
 def _spec_metadata(step: VllmMamba2Step) -> Mamba2Metadata:
