@@ -27,6 +27,7 @@ from hybridmeta.integrations.vllm.metadata import (
     VLLM_CONVENTIONS,
     DecodeGraphBuffers,
     VllmMamba2Step,
+    check_speculative,
     decode_rows,
     mamba2_metadata,
 )
@@ -296,3 +297,16 @@ def test_full_graph_pad_rows_carry_vllms_null_block() -> None:
     y = backend._layer(md, views["xbc"], views["dt"], backend.conv, backend.ssm)
     assert bool((y[2:] == 0).all())
     assert torch.equal(backend.conv[0], conv0) and torch.equal(backend.ssm[0], ssm0)
+
+
+def test_speculation_the_plugin_does_not_serve_is_refused_in_one_line() -> None:
+    check_speculative(None, 0, "align")  # no speculation
+    check_speculative("ngram", 2, "none")  # served
+    for method, mode, what in (("eagle", "none", "'eagle'"), ("ngram", "align", "align-mode")):
+        with pytest.raises(NotImplementedError) as err:
+            check_speculative(method, 2, mode)
+        assert "\n" not in str(err.value) and what in str(err.value), err.value
+    # speculative decode rows: up to 1 + num_spec tokens, a prompt still prefilling is not one
+    q, c = np.array([3, 1, 2, 2]), np.array([5, 9, 4, 0])
+    assert decode_rows(q, c, 3) == 3  # the fresh prompt (no state) ends the decode rows
+    assert decode_rows(q, c, 3, np.array([False, False, True, False])) == 2

@@ -33,6 +33,7 @@ from hybridmeta.integrations.vllm.metadata import (
     NULL_BLOCK_ID,
     DecodeGraphBuffers,
     VllmMamba2Step,
+    check_speculative,
     decode_rows,
     mamba2_metadata,
 )
@@ -143,15 +144,11 @@ class HybridMamba2Builder(Mamba2AttentionMetadataBuilder):  # type: ignore[misc]
     def __init__(self, kv_cache_spec: Any, layer_names: list[str], vllm_config: Any,
                  device: torch.device) -> None:  # fmt: skip
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
-        if self.num_spec_tokens:
-            method = getattr(vllm_config.speculative_config, "method", None)
-            align = vllm_config.cache_config.mamba_cache_mode == "align"
-            if method != "ngram" or align:
-                raise NotImplementedError(
-                    "hybridmeta vLLM plugin: speculative decoding is served for the 'ngram' "
-                    f"method without prefix caching only (got method {method!r}"
-                    f"{', align-mode prefix caching' if align else ''}; docs/vllm.md)"
-                )
+        check_speculative(
+            getattr(vllm_config.speculative_config, "method", None),
+            int(self.num_spec_tokens),
+            vllm_config.cache_config.mamba_cache_mode,
+        )
         if self.use_replayssm:
             raise NotImplementedError("hybridmeta vLLM plugin: ReplaySSM is not supported")
         # conv blocks hold K - 1 + num_spec columns (the drafts' history)

@@ -49,6 +49,7 @@ __all__ = [
     "DecodeGraphBuffers",
     "VllmDecodeForward",
     "VllmMamba2Step",
+    "check_speculative",
     "decode_rows",
     "mamba2_metadata",
 ]
@@ -178,6 +179,22 @@ class VllmDecodeForward(ForwardMetadata):
 #: The fields vLLM's step adds to ``ForwardMetadata``: the planner's forward carries them.
 _ROOT_FIELDS = frozenset(f.name for f in fields_of(ForwardMetadata))
 _VLLM_FIELDS = tuple(s.name for s in fields_of(VllmMamba2Step) if s.name not in _ROOT_FIELDS)
+
+
+def check_speculative(method: object, num_spec: int, mamba_cache_mode: str) -> None:
+    """Refuse, in one line at engine start, a speculative configuration the plugin does not
+    serve: any method but ``ngram`` (a draft model's own layers are not checked here), and
+    ``ngram`` with align-mode prefix caching (vLLM's checkpoints inside a speculative step
+    are not planned). No speculation (``num_spec == 0``) passes."""
+    if not num_spec:
+        return
+    align = mamba_cache_mode == "align"
+    if method != "ngram" or align:
+        raise NotImplementedError(
+            "hybridmeta vLLM plugin: speculative decoding is served for the 'ngram' method "
+            f"without prefix caching only (got method {method!r}"
+            f"{', align-mode prefix caching' if align else ''}; docs/vllm.md)"
+        )
 
 
 def decode_rows(
