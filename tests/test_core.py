@@ -68,6 +68,36 @@ def test_derived_field_with_a_default_is_refused_at_definition() -> None:
             extra: int | None = None
 
 
+def test_the_refusals_an_engine_meets_first_point_to_extensions() -> None:
+    # An engine subclassing the root to add its own fields meets these two messages first:
+    # both name the declaration that does what it wanted.
+    with pytest.raises(TypeError, match=r"takes no default.*@metadata\(extension=True\)"):
+
+        @metadata
+        class _D(_Root):
+            extra: int | None = None
+
+    @metadata
+    class _E(_Root):
+        extra: int
+
+    with pytest.raises(TypeError, match=r"cannot be constructed directly.*@metadata\(extension=True\)"):
+        _E(label="a", extra=1)  # type: ignore[call-arg]
+
+    # Below a derived class there is no extension to point to: no hint.
+    @metadata
+    class _F(_E):
+        more: int
+
+    with pytest.raises(TypeError, match=r"unless you change it$"):
+        _F(label="a", extra=1, more=2)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match=r"optional one\)$"):
+
+        @metadata
+        class _G(_E):
+            more: int = 0
+
+
 def test_derived_class_may_not_redeclare_a_source_field() -> None:
     with pytest.raises(TypeError, match=r"_D\.label: redeclares a field of its source _Root"):
 

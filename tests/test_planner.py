@@ -9,13 +9,18 @@ import pytest
 import torch
 
 from hybridmeta import (
+    BATCH,
+    INDEX,
     Conventions,
     ForwardMetadata,
     Mamba2Metadata,
+    Pad,
+    Role,
     RowOrder,
     debug_mode,
     metadata,
     planner,
+    tensor_field,
 )
 from hybridmeta.planner import MixedHostPlan, plan_host, plan_mixed_batch, plan_verify_host
 from hybridmeta.staging import to_device_packed
@@ -476,3 +481,78 @@ def test_refuses_a_forward_cls_the_planner_cannot_build(cls: object, match: str)
         _plan(forward_cls=cls)
     with pytest.raises(TypeError, match=match):
         plan_verify_host(slots=[0, 1], draft_token_num=2, forward_cls=cls)  # type: ignore[arg-type]
+
+
+def test_track_positions_save_an_earlier_boundary_of_the_step() -> None:
+    # vLLM's align mode (decode rows first, null slot 0): row 1 is a 256-token prompt with
+    # interval 128; the last boundary it reaches (256) ends the row, but the cache wants
+    # the state at 128 (the last boundary strictly before its last token). Row 2 (tokens
+    # 128..299) keeps its last boundary (256), given explicitly.
+    kw: dict[str, Any] = {
+        "extend_lens": [1, 256, 172],
+        "prefix_lens": [9, 0, 128],
+        "slots": [4, 5, 6],
+        "num_decodes": 1,
+        "chunk_size": 32,
+        "track_interval": 128,
+        "track_mask": [False, True, True],
+        "track_slots": [0, 7, 8],
+        "forward_cls": _VllmForward,
+    }
+    default = _host(**kw)
+    assert (default.final_rows, default.h_rows, default.recompute_rows) == ((1,), (2,), ())
+    hp = _host(**kw, track_positions=[0, 128, 256])
+    # row 1: boundary 128 = token offset 1 + 128 = 129 of the batch, prefill-flat 128: on
+    # the grid (h); nothing is a final save any more
+    assert (hp.final_rows, hp.h_rows, hp.recompute_rows) == ((), (1, 2), ())
+    md = _plan(**kw, track_positions=[0, 128, 256])
+    assert md.mixed is not None and md.mamba_track_indices is not None
+    tr = md.mixed.track
+    # the chunk ending at prefill-flat 128 (row 1's token 127), and row 2's at 256 + 128
+    ch = md.mixed.chunks
+    assert [int(ch.start[c] + ch.length[c]) for c in tr.h_chunk.tolist()] == [128, 256 + 128]
+    assert md.mamba_track_indices.tolist() == [0, 7, 8]
+    assert md.mamba_track_mask is not None and md.mamba_track_mask.tolist() == [False] * 3
+    assert md.has_mamba_track_mask is False
+
+
+@pytest.mark.parametrize(
+    ("positions", "match"),
+    [
+        ([0, 256, 96], r"track_positions\[2\] = 96 but row 2 is tracked over tokens 128\.\.300"),
+        ([0, 0, 256], r"track_positions\[1\] = 0 but row 1 is tracked over tokens 0\.\.256"),
+        ([0, 64, 256], r"track_positions\[1\] = 64 .* a multiple of track_interval \(128\)"),
+        ([0, 384, 256], r"track_positions\[1\] = 384"),
+        ([0, 128], r"track_positions has 2 rows but extend_lens has 3"),
+    ],
+)
+def test_track_positions_are_checked(positions: list[int], match: str) -> None:
+    kw: dict[str, Any] = {
+        "extend_lens": [1, 256, 172], "prefix_lens": [9, 0, 128], "slots": [4, 5, 6],
+        "num_decodes": 1, "chunk_size": 32, "track_interval": 128,
+        "track_mask": [False, True, True], "track_slots": [0, 7, 8], "forward_cls": _VllmForward,
+    }  # fmt: skip
+    with pytest.raises(ValueError, match=match):
+        _host(**kw, track_positions=positions)
+    with pytest.raises(ValueError, match="track_positions given without track_mask"):
+        _host(extend_lens=[5], prefix_lens=[0], slots=[1], track_positions=[4])
+
+
+@metadata(extension=True, conventions=Conventions(row_order=RowOrder.DECODES_FIRST, null_slot=0))
+class _EngineStep(ForwardMetadata):
+    """An engine's step with a field of its own (no default: the planner must pass it)."""
+
+    seq_lens: torch.Tensor = tensor_field(rows=BATCH, dtypes=INDEX, pad=Pad.value(0), role=Role.ENGINE_ONLY)
+
+
+def test_plan_mixed_batch_passes_engine_fields_through_the_constructor() -> None:
+    seq = torch.tensor([8, 5])
+    for ext, nd in (([1, 5], 1), ([1, 1], 2)):  # mixed, and decode-only
+        md = plan_mixed_batch(extend_lens=ext, prefix_lens=[7, 4], slots=[3, 4], num_decodes=nd,
+                              chunk_size=4, conv_kernel=4, forward_cls=_EngineStep,
+                              engine={"seq_lens": seq})  # fmt: skip
+        assert isinstance(md, _EngineStep) and md.seq_lens is seq
+        assert md.mamba_cache_indices.tolist() == [3, 4]
+    with pytest.raises(TypeError):  # the class's own field is required
+        plan_mixed_batch(extend_lens=[1, 5], prefix_lens=[7, 4], slots=[3, 4], num_decodes=1,
+                         chunk_size=4, conv_kernel=4, forward_cls=_EngineStep)  # fmt: skip

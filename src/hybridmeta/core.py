@@ -1039,11 +1039,18 @@ def _unstated_flag(cls: type, flag: str, governed: tuple[str, ...]) -> TypeError
 
 
 def _refuse_init(cls: type, source: type) -> Callable[..., None]:
+    hint = (
+        f" (to add your engine's own fields to {source.__qualname__} and build it directly, "
+        "declare the subclass with @metadata(extension=True))"
+        if not is_derived(source)
+        else ""
+    )
+
     def __init__(self: object, *args: object, **kwargs: object) -> None:
         raise TypeError(
             f"{cls.__qualname__} is derived from {source.__qualname__} and cannot be constructed "
             f"directly: use {cls.__qualname__}.evolve_from(source, ...), which copies every "
-            f"{source.__qualname__} field unless you change it"
+            f"{source.__qualname__} field unless you change it{hint}"
         )
 
     __init__.__qualname__ = f"{cls.__qualname__}.__init__"
@@ -1317,9 +1324,17 @@ def _build(cls: type[_T], *, extension: bool, conventions: Conventions | None) -
         if kind in (_Kind.DERIVED, _Kind.SPECIALIZATION) and _declared_default(
             cls.__dict__.get(name, attrs.NOTHING)
         ) is not attrs.NOTHING:
+            hint = (
+                f"; to add your engine's own fields to {cls.__mro__[1].__qualname__} (built "
+                "directly, defaults allowed), declare the class with "
+                "@metadata(extension=True)"
+                if kind is _Kind.DERIVED and not is_derived(cls.__mro__[1])
+                else ""
+            )
             raise TypeError(
                 f"{cls.__qualname__}.{name}: a field of a derived metadata class takes no "
                 "default; evolve_from requires it (pass None explicitly for an optional one)"
+                + hint
             )
     if "__attrs_post_init__" in cls.__dict__:
         raise TypeError(

@@ -835,6 +835,7 @@ def plan_host(
     track_mask: BoolLike | None = None,
     track_slots: IntLike | None = None,
     forward_cls: type[ForwardMetadata] = ForwardMetadata,
+    track_positions: IntLike | None = None,
 ) -> MixedHostPlan:
     """Plan one mixed forward from host data (no device work).
 
@@ -871,6 +872,12 @@ def plan_host(
         The forward's source metadata class the plan builds: ``ForwardMetadata`` (default)
         or the engine's extension of it (``@metadata(extension=True)``), whose declared
         :class:`~hybridmeta.Conventions` give the row order and the null slot.
+    track_positions : sequence of int or CPU tensor, optional
+        ``[bs]`` the absolute boundary each tracked row saves (ignored where
+        ``track_mask`` is False), instead of the last one its new tokens reach: a
+        multiple of ``track_interval`` with ``prefix < b <= prefix + extend`` (an engine
+        whose cache wants an earlier boundary of the step: vLLM's align mode saves the
+        last block boundary strictly before the row's last token). Needs ``track_mask``.
 
     Returns
     -------
@@ -897,6 +904,7 @@ def plan_host(
         track_slots=track_slots,
         device=None,
         forward_cls=forward_cls,
+        track_positions=track_positions,
     )
     assert isinstance(hp, MixedHostPlan)
     return hp
@@ -915,6 +923,8 @@ def _plan(
     track_slots: IntLike | None,
     device: torch.device | None,
     forward_cls: type[ForwardMetadata],
+    track_positions: IntLike | None = None,
+    engine: Mapping[str, object] | None = None,
 ) -> MixedHostPlan | Mamba2Metadata:
     """:func:`plan_host`; with a ``device``, :func:`plan_mixed_batch`: the plan is packed
     for the device as it is computed (:class:`_Staging`), and no host plan is kept.
@@ -948,15 +958,16 @@ def _plan(
     qsl[0] = 0
     ext.cumsum(out=qsl[1:])
     track_out, is_final, final_rows, mid_rows, rem = _track_kinds(
-        ext, pre, tmask, tslots, track_interval, null
-    )
+        ext, pre, tmask, tslots, track_interval, null,
+        _track_at(ext, pre, tmask, track_positions, track_interval),
+    )  # fmt: skip
     track = track_mask is not None
     if not n_pre:
         if device is not None:
             staging, _ = _pack(device, [qsl, slt, track_out], (), [is_final], _ORDER_ROWS)
             return _metadata(
-                staging.views(device), {}, 0, num_decodes, 0, chunk_size, conv_kernel, track,
-                bool(final_rows), forward_cls,
+                staging.views(device), engine or {}, 0, num_decodes, 0, chunk_size, conv_kernel,
+                track, bool(final_rows), forward_cls,
             )  # fmt: skip
         parts: tuple[IntArray, ...] = (qsl, slt, track_out, is_final.astype(np.int64))
         return _host_plan(
@@ -1000,8 +1011,8 @@ def _plan(
         _token_parts(token_pos, token_conv, starts, chunk_len, cell, value, total, conv_kernel)
         # Planned for a device: its metadata over the staged views (no host arrays kept).
         return _metadata(
-            staging.views(device), {}, n_pre, num_decodes, total, chunk_size, conv_kernel,
-            track, bool(final_rows), forward_cls,
+            staging.views(device), engine or {}, n_pre, num_decodes, total, chunk_size,
+            conv_kernel, track, bool(final_rows), forward_cls,
         )  # fmt: skip
     token_pos = np.empty(total, dtype=np.int64)
     token_conv = np.empty(total * conv_kernel, dtype=np.int64)
@@ -1120,6 +1131,7 @@ def _track_kinds(
     tslots: IntArray | None,
     track_interval: int | None,
     null: int,
+    at: IntArray | None = None,
 ) -> tuple[IntArray, npt.NDArray[np.bool_], tuple[int, ...], IntArray, IntArray]:
     """Phase 2, the track kinds: which rows save their last boundary, and how.
 
@@ -1130,19 +1142,54 @@ def _track_kinds(
     their new tokens (prefill rows only: decode rows have one token), and each row's
     ``(prefix + extend) % track_interval``. A row's last boundary
     ``b = (prefix + extend) - rem`` comes after its first ``extend - rem`` new tokens:
-    reached when that is > 0, the row's end when ``rem == 0``.
+    reached when that is > 0, the row's end when ``rem == 0``. ``at``: each row's
+    boundary given by the caller (:func:`_track_at`, checked), instead of its last.
     """
     if tmask is None or tslots is None or track_interval is None:
         n_rows = ext.shape[0]
         no_save = np.full(n_rows, null, dtype=np.int64)
         return no_save, np.zeros(n_rows, dtype=np.bool_), (), _EMPTY, _EMPTY
-    rem = (pre + ext) % track_interval
+    rem = (pre + ext) % track_interval if at is None else pre + ext - at
     saves = tmask & (ext > rem)
     is_final = saves & (rem == 0)
     track_out = np.where(saves, tslots, null)
     final_rows = tuple(is_final.nonzero()[0].tolist())
     mid_rows = (saves ^ is_final).nonzero()[0]  # only prefill rows: decode rows have 1 token
     return track_out, is_final, final_rows, mid_rows, rem
+
+
+def _track_at(
+    ext: IntArray,
+    pre: IntArray,
+    tmask: npt.NDArray[np.bool_] | None,
+    track_positions: IntLike | None,
+    track_interval: int | None,
+) -> IntArray | None:
+    """The caller's boundary of each row (``track_positions``), checked: ``None`` without
+    them. A tracked row's boundary is a multiple of ``track_interval`` that its new
+    tokens reach, ``prefix < b <= prefix + extend``; an untracked row's is ignored (it
+    gets its row's end, where it saves nothing)."""
+    if track_positions is None:
+        return None
+    if tmask is None or track_interval is None:
+        raise ValueError("plan_mixed_batch: track_positions given without track_mask")
+    at = _host_ints("track_positions", track_positions)
+    n = ext.shape[0]
+    if at.shape[0] != n:
+        raise ValueError(
+            f"plan_mixed_batch: track_positions has {at.shape[0]} rows but extend_lens has {n}"
+        )
+    end = pre + ext
+    bad = tmask & ((at <= pre) | (at > end) | (at % track_interval != 0))
+    if bad.any():
+        r = int(np.argmax(bad))
+        raise ValueError(
+            f"plan_mixed_batch: track_positions[{r}] = {int(at[r])} but row {r} is tracked "
+            f"over tokens {int(pre[r])}..{int(end[r])}: a boundary must be a multiple of "
+            f"track_interval ({track_interval}) with prefix < b <= prefix + extend"
+        )
+    out: IntArray = np.where(tmask, at, end)
+    return out
 
 
 def _chunks(
@@ -1342,10 +1389,15 @@ def plan_mixed_batch(
     track_slots: IntLike | None = None,
     device: torch.device | str = "cpu",
     forward_cls: type[ForwardMetadata] = ForwardMetadata,
+    track_positions: IntLike | None = None,
+    engine: Mapping[str, object] | None = None,
 ) -> Mamba2Metadata:
     """:func:`plan_host`, then one staged copy to ``device``: the forward's metadata.
 
-    Parameters are those of :func:`plan_host`, plus the ``device`` of the metadata.
+    Parameters are those of :func:`plan_host`, plus the ``device`` of the metadata and
+    ``engine``: further fields of the forward (``forward_cls``'s own, an extension's),
+    passed through its constructor with the planned ones (as
+    :meth:`MixedHostPlan.metadata` takes them).
     """
     dev = _device(device, "plan_mixed_batch")
     md = _plan(
@@ -1360,6 +1412,8 @@ def plan_mixed_batch(
         track_slots=track_slots,
         device=dev,
         forward_cls=forward_cls,
+        track_positions=track_positions,
+        engine=engine,
     )
     assert isinstance(md, Mamba2Metadata)
     return md

@@ -1,5 +1,6 @@
-"""The shared pieces of hybridmeta.compat: pad translation, sync-free row writes, varlen
-padding, sglang's tree parents."""
+"""The shared pieces of hybridmeta.compat: the slots the compositions' own writes may touch
+(the peer's pad id passed through, never translated), sync-free row writes, varlen padding,
+sglang's tree parents."""
 
 from __future__ import annotations
 
@@ -10,19 +11,18 @@ from hybridmeta.compat._common import (
     activation_name,
     per_head,
     sibling_parents,
-    to_our_pad,
+    valid_slots,
     varlen_pad,
     varlen_unpad_,
     write_rows_,
 )
 
 
-def test_to_our_pad_maps_only_the_peer_id() -> None:
-    ids = torch.tensor([0, 3, -1, 0], dtype=torch.int32)
-    assert to_our_pad(ids, 0).tolist() == [-1, 3, -1, -1]
-    assert to_our_pad(ids, -1).tolist() == [0, 3, -1, 0]
-    assert to_our_pad(ids, None).tolist() == [0, 3, -1, 0]
-    assert to_our_pad(torch.tensor([7, 2]), 7).tolist() == [-1, 2]
+def test_valid_slots_skip_the_peers_pad_id_and_ids_outside_the_pool() -> None:
+    ids = torch.tensor([0, 3, -1, 0, 5], dtype=torch.int32)
+    assert valid_slots(ids, 0, 5).tolist() == [False, True, False, False, False]
+    assert valid_slots(ids, -1, 5).tolist() == [True, True, False, True, False]
+    assert valid_slots(torch.tensor([7, 2]), 7, 8).tolist() == [False, True]
 
 
 @pytest.mark.parametrize("write", [[True, False, True], [False, False, False], [False, True, False]])

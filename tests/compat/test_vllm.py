@@ -441,3 +441,55 @@ def test_conv_update_varlen_without_accepted_counts_shifts_by_each_length() -> N
         y, wins = conv_row(orig[s], x[a:e], w, bias)
         close(out[a:e], y, f"out of row {b}")
         close(state[s], wins[-1], f"state[{s}] shifted by {e - a}")
+
+
+def test_the_null_id_reaches_the_ops_as_their_pad_id() -> None:
+    """The null id is passed to the ops as their ``pad_slot_id`` (no translation): a null row
+    is a pad row (zero output, nothing written), and any other id outside the pool,
+    ``-1`` included, is the ops' invalid id (on the CPU: ``SlotIndexError`` naming the row,
+    before anything is written), in both updates; a speculative per-token destination
+    outside the pool is written nowhere."""
+    lay = layer()
+    state = torch.randn(9, H, P, N)
+    orig = state.clone()
+    inp = _ssm_inputs(3, torch.float32)
+    out = torch.full((3, H, P), 5.0)
+    args = (inp["x"], expand_dt(inp["dt"]), lay.A3(), inp["B"], inp["C"], lay.D2(), lay.bias2())
+    V.selective_state_update(state, *args, dt_softplus=True, out=out,
+                             state_batch_indices=torch.tensor([[3], [NULL], [2]], dtype=torch.int32))
+    assert bool((out[1] == 0).all()) and not out.isnan().any()
+    for s in (0, 1, 4, 5, 6, 7, 8):
+        same_bits(state[s], orig[s], f"slot {s}")
+    state = orig.clone()
+    with pytest.raises(Kops.SlotIndexError, match=r"must be 0 \(pad\).*row 2 holds -1"):
+        V.selective_state_update(state, *args, dt_softplus=True, out=out,
+                                 state_batch_indices=torch.tensor([[3], [NULL], [-1]], dtype=torch.int32))
+    assert torch.equal(state, orig)
+    # speculative varlen: per-token destinations, one of them -1 (written nowhere)
+    cu = torch.tensor([0, 2, 4], dtype=torch.int32)
+    inp = _ssm_inputs(4, torch.float32, seed=3)
+    out2 = torch.zeros(4, H, P)
+    V.selective_state_update(
+        state, inp["x"], expand_dt(inp["dt"]), lay.A3(), inp["B"], inp["C"], lay.D2(),
+        lay.bias2(), dt_softplus=True, out=out2, cu_seqlens=cu,
+        state_batch_indices=torch.tensor([[4, 5], [6, -1]], dtype=torch.int32),
+        num_accepted_tokens=torch.tensor([1, 1], dtype=torch.int32),
+    )  # fmt: skip
+    for s in (0, 1, 2, 3, 7, 8):
+        same_bits(state[s], orig[s], f"slot {s}")
+    assert not torch.equal(state[5], orig[5]) and not torch.equal(state[6], orig[6])
+    # the conv update: the null row a pad, a -1 row refused before any write
+    w, bias = _conv_weights(2)
+    cstate = torch.randn(6, CONV_DIM, K - 1)
+    corig = cstate.clone()
+    x = torch.randn(3, CONV_DIM)
+    y = V.causal_conv1d_update(x.clone(), cstate, w, bias, True,
+                               conv_state_indices=torch.tensor([2, NULL, 4], dtype=torch.int32))
+    assert bool((y[1] == 0).all()) and not y.isnan().any()
+    for s in (0, 1, 3, 5):
+        same_bits(cstate[s], corig[s], f"conv slot {s}")
+    cstate = corig.clone()
+    with pytest.raises(Kops.SlotIndexError, match="row 2 holds -1"):
+        V.causal_conv1d_update(x.clone(), cstate, w, bias, True,
+                               conv_state_indices=torch.tensor([2, NULL, -1], dtype=torch.int32))
+    assert torch.equal(cstate, corig)

@@ -17,7 +17,11 @@ Shapes are tiny: every Triton launch here runs in the interpreter.
 from __future__ import annotations
 
 import importlib
+import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -476,3 +480,51 @@ def test_opcheck(
     op = getattr(getattr(torch.ops, namespace), op_name).default
     for args, kwargs in recorded.get(name, []):
         torch.library.opcheck(op, args, kwargs)
+
+
+# --------------------------------------------------------------------------- cold start
+
+_COLD = r"""
+import torch
+import hybridmeta.kernels as K
+from hybridmeta.kernels import _errors
+import tests.kernels.test_compile as tc
+
+assert not _errors._RECORDS
+for step in ("decode", "prefill"):
+    fn, mds, t = tc.STEPS[step]()
+    want_t = tc._clone(t)
+    got = torch.compile(fn, backend="eager", fullgraph=True)(*mds, t, "triton")
+    tc._assert_same(got, fn(*mds, want_t, "triton"), "eager")
+    tc._assert_same(t, want_t, "eager")
+    print(step, "compiled first, equal to eager")
+# A fault inside a compiled region made cold reaches the device's one record.
+torch._dynamo.reset()
+_errors._RECORDS.clear()
+fwd = tc.ForwardMetadata(
+    query_start_loc=torch.arange(5, dtype=torch.int32),
+    mamba_cache_indices=torch.tensor([0, 1000, 2, -1], dtype=torch.int32),
+)
+fault_md = tc.prepare_decode(fwd)
+step = torch.compile(tc.decode_step, backend="eager", fullgraph=True)
+step(tc.decode_md(4), tc.decode_inputs(4), "triton")
+step(fault_md, tc.decode_inputs(4), "triton")
+fault = K.check_errors("cpu")
+assert len(_errors._RECORDS) == 1, _errors._RECORDS
+assert fault is not None and fault.row == 1 and fault.value == 1000, fault
+print("fault recorded:", fault.op, fault.field, fault.row, fault.value)
+"""
+
+
+def test_a_compiled_step_is_the_first_op_call_of_a_process() -> None:
+    """The device's error record is made inside the compiled region when no op ran before
+    (a fresh process: every other test here ran an op eagerly first)."""
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", _COLD], cwd=root, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "PYTHONPATH": f"{root / 'src'}{os.pathsep}{root}"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "decode compiled first, equal to eager" in done.stdout
+    assert "prefill compiled first, equal to eager" in done.stdout
+    assert "fault recorded: ssm_state_update" in done.stdout or "fault recorded: causal_conv1d_update" in done.stdout, done.stdout

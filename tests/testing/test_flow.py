@@ -217,8 +217,9 @@ def test_a_value_dependent_drop_is_shrunk_to_a_small_source() -> None:
     assert report.dropped == ("flag",)
     (example,) = report.examples
     count = int(example.split("count=")[1].split(",")[0])
+    # Small, and still failing (odd). The other fields' sentinels depend on the draw the
+    # search started from (no derandomisation here): not asserted.
     assert count % 2 == 1 and count < 10, example
-    assert example.startswith("Src(slots=tensor([100]),"), example
 
 
 # --------------------------------------------------------------------------- usage errors

@@ -1,6 +1,9 @@
-"""What every peer module of :mod:`hybridmeta.compat` shares: argument normalisation, the
-pad-id translation, and the compositions of hybridmeta ops that the peers' multi-token and
-index conventions need.
+"""What every peer module of :mod:`hybridmeta.compat` shares: argument normalisation and
+the compositions of hybridmeta ops that the peers' multi-token and index conventions need.
+
+Pad ids are not translated: each composition takes the peer's pad id (``pad``) and passes
+it to the ops as their ``pad_slot_id``; its own torch writes skip the pad id and any id
+outside the pool (:func:`valid_slots`).
 
 Everything here is sync-free (fixed shapes, device ops only) unless its docstring says
 otherwise, so the peer functions built on it capture into CUDA graphs like the ops.
@@ -39,26 +42,21 @@ __all__ = [
     "per_head",
     "sibling_parents",
     "ssm_tokens",
-    "to_our_pad",
+    "valid_slots",
     "varlen_pad",
     "varlen_unpad_",
     "write_rows_",
 ]
 
 
-def to_our_pad(idx: torch.Tensor, pad_id: int | None) -> torch.Tensor:
-    """A peer's slot ids with its pad id mapped to hybridmeta's ``-1`` (int64, same shape).
+def valid_slots(ids: torch.Tensor, pad: int, num_slots: int) -> torch.Tensor:
+    """``[..]`` bool: the ids that name a slot of a pool of ``num_slots``, not the pad id.
 
-    The one translation point of the peers' pad / null ids. ``pad_id=None`` (the peer
-    detects no pad) leaves the ids as they are.
-
-    TODO(safety): once the ops take ``pad_slot_id`` (helper "safety"), pass the peer's id
-    to them instead of translating here.
-    """
-    ids = idx.long()
-    if pad_id is None or pad_id == -1:
-        return ids
-    return torch.where(ids == pad_id, -1, ids)
+    What the compositions' own torch writes honour (the ops check their ids themselves,
+    with the peer's pad id passed as their ``pad_slot_id``): a pad id writes nothing, and
+    so does any other id outside the pool (the ops poison such a row's output and record
+    the fault)."""
+    return (ids != pad) & (ids >= 0) & (ids < num_slots)
 
 
 def activation_name(op: str, activation: object) -> str | None:
@@ -192,50 +190,56 @@ def ssm_tokens(
     buffer: torch.Tensor | None = None,
     buffer_rows: torch.Tensor | None = None,
     out: torch.Tensor,
+    pad: int = -1,
 ) -> None:
     """``T`` tokens of ``N`` rows through the SSM, storing the states a peer stores.
 
     ``x, z, out [N, T, H, P]``, ``dt [N, T, H]``, ``B, C [N, T, G, N]``, ``A, D,
-    dt_bias [H]``; ``src [N]`` the slot each row starts from (ours: ``-1`` a pad row);
+    dt_bias [H]``; ``src [N]`` the slot each row starts from (``pad``, the peer's pad id
+    passed to the ops as ``pad_slot_id``: a pad row);
     ``lens [N]`` the live tokens of each row (default ``T``); ``parent [N, T]`` the tree
     (our convention: ``-1`` restarts from ``src``). Stores: ``token_dst [N, T]`` the slot of
-    each token's state (``-1`` none), ``final_dst [N]`` the slot of the state after the
-    row's last live token (``-1`` none), ``buffer [E, S, H, P, N]`` at entry
+    each token's state (``pad``: none), ``final_dst [N]`` the slot of the state after the
+    row's last live token (``pad``: none), ``buffer [E, S, H, P, N]`` at entry
     ``buffer_rows[b]`` step ``t`` (``-1`` none). Pad rows and dead tokens store nothing
-    and get zero output (``out`` is written at every ``[b, t]``).
+    and get zero output (``out`` is written at every ``[b, t]``); a source id outside the
+    pool is the ops' invalid id (poisoned output, the fault recorded), and stores nothing.
     """
     N, T = x.shape[:2]
-    live = src >= 0
+    nslots = state.shape[0]
+    live = src != pad
     if lens is not None:
         live = live & (lens > 0)
-    src = torch.where(live, src, -1)
+    src = torch.where(live, src, pad)
     single = T == 1 and parent is None and buffer is None
     if single:
         dst = final_dst if final_dst is not None else token_dst[:, 0] if token_dst is not None else None
-        dst_ours = torch.full_like(src, -1) if dst is None else torch.where(live, dst, -1)
+        dst_peer = torch.full_like(src, pad) if dst is None else torch.where(live, dst, pad)
         ssm_state_update(
             state, x[:, 0], dt[:, 0], A, B[:, 0], C[:, 0], state_indices=src, D=D,
             z=None if z is None else z[:, 0], dt_bias=dt_bias, dt_softplus=dt_softplus,
-            dst_indices=dst_ours, out=out[:, 0],
+            dst_indices=dst_peer, out=out[:, 0], pad_slot_id=pad,
         )  # fmt: skip
         return
+    live = live & valid_slots(src, pad, nslots)  # rows whose states are stored
     _, H, P, Ns = state.shape
     inter = torch.empty(N, T, H, P, Ns, dtype=state.dtype, device=state.device)
     num_draft = None if lens is None else lens.clamp(0, T)
     ssm_verify_update(
         state, x, dt, A, B, C, state_indices=src, inter=inter, D=D, z=z, dt_bias=dt_bias,
-        dt_softplus=dt_softplus, parent=parent, num_draft=num_draft, out=out,
+        dt_softplus=dt_softplus, parent=parent, num_draft=num_draft, out=out, pad_slot_id=pad,
     )  # fmt: skip
     cols = torch.arange(T, device=src.device)
     n_live = torch.full_like(src, T) if num_draft is None else num_draft.long()
     alive = live[:, None] & (cols[None, :] < n_live[:, None])  # [N, T]
     flat = inter.view(N * T, H, P, Ns)
     if token_dst is not None:
-        write_rows_(state, (token_dst.reshape(-1),), flat, (alive & (token_dst >= 0)).reshape(-1))
+        ok = alive & valid_slots(token_dst, pad, nslots)
+        write_rows_(state, (token_dst.reshape(-1),), flat, ok.reshape(-1))
     if final_dst is not None:
         last = (n_live - 1).clamp(min=0)
         write_rows_(state, (final_dst,), inter[torch.arange(N, device=src.device), last],
-                    live & (final_dst >= 0))  # fmt: skip
+                    live & valid_slots(final_dst, pad, nslots))  # fmt: skip
     if buffer is not None and buffer_rows is not None:
         e = buffer_rows.long()[:, None].expand(N, T).reshape(-1)
         t = cols[None, :].expand(N, T).reshape(-1)
@@ -269,12 +273,15 @@ def conv_tokens(
     buffer: torch.Tensor | None = None,
     buffer_rows: torch.Tensor | None = None,
     out: torch.Tensor,
+    pad: int = -1,
 ) -> None:
     """``T`` tokens of ``N`` rows through the causal conv1d, writing the conv state a peer
     writes.
 
     ``x, out [N, T, C]`` (``x`` already in the pool's dtype); ``conv_state [slots, C, L]``
-    (``L >= K - 1``, any strides); ``slots [N]`` (ours: ``-1`` a pad row); ``lens [N]`` live
+    (``L >= K - 1``, any strides); ``slots [N]`` (``pad``, the peer's pad id passed to the
+    ops as ``pad_slot_id``: a pad row; an id outside the pool: the ops' invalid id, its
+    output poisoned and nothing written); ``lens [N]`` live
     tokens per row (default ``T``); ``offset [N]``: the row's first token reads the window
     at columns ``offset .. offset + K - 2`` (default ``0``); ``parent [N, T]`` a tree
     (``-1``: the window). ``state_write``: ``"shift"`` (columns ``0 .. K - 2`` = the last
@@ -286,28 +293,33 @@ def conv_tokens(
     N, T, Cd = x.shape
     K1 = weight.shape[1] - 1
     dev = x.device
-    live = slots >= 0
+    live = slots != pad
     if lens is not None:
         live = live & (lens > 0)
     n_live = torch.full((N,), T, dtype=torch.long, device=dev) if lens is None else lens.long().clamp(0, T)
-    safe = torch.where(live, slots, 0)
     if T == 1 and parent is None and buffer is None and offset is None and state_write == "shift":
         # One token from the window at column 0, shifted in place: the decode op itself.
         causal_conv1d_update(x[:, 0], conv_state[:, :, :K1], weight, bias,
-                             cache_indices=torch.where(live, slots, -1), activation=activation,
-                             out=out[:, 0])  # fmt: skip
+                             cache_indices=torch.where(live, slots, pad), activation=activation,
+                             out=out[:, 0], pad_slot_id=pad)  # fmt: skip
         return
+    ok = valid_slots(slots, pad, conv_state.shape[0])
+    safe = torch.where(live & ok, slots, 0)
     if offset is None:
         win = conv_state[safe, :, :K1]  # [N, C, K-1] (a copy)
-        pool, idx = conv_state[:, :, :K1], torch.where(live, slots, -1)
+        pool, idx, pid = conv_state[:, :, :K1], torch.where(live, slots, pad), pad
     else:
         cols = offset.long().clamp(min=0)[:, None] + torch.arange(K1, device=dev)[None, :]
         win = conv_state[safe[:, None], :, cols].transpose(1, 2)  # [N, C, K-1] (a copy)
-        pool, idx = win, torch.where(live, torch.arange(N, device=dev), -1)
+        # the gathered windows are a pool of N rows: a pad row is -1 there, an invalid
+        # slot an id past it (the op's invalid id)
+        rows = torch.where(ok, torch.arange(N, device=dev), N)
+        pool, idx, pid = win, torch.where(live, rows, -1), -1
+    live = live & ok  # rows whose conv state is written
     inter = torch.empty(N, T, Cd, K1, dtype=conv_state.dtype, device=dev)
     conv_verify_update(
         x, pool, weight, bias, cache_indices=idx, inter=inter, activation=activation,
-        parent=parent, num_draft=None if lens is None else n_live, out=out,
+        parent=parent, num_draft=None if lens is None else n_live, out=out, pad_slot_id=pid,
     )  # fmt: skip
     if buffer is not None and buffer_rows is not None:
         cols_t = torch.arange(T, device=dev)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from hybridmeta.compat._common import ssm_tokens, to_our_pad, varlen_pad, varlen_unpad_
+from hybridmeta.compat._common import ssm_tokens, varlen_pad, varlen_unpad_
 from hybridmeta.compat.vllm import _not_supported, _ssm_params
 
 __all__ = ["selective_state_update"]
@@ -124,9 +124,10 @@ def selective_state_update(
             return None
         if idx.shape[0] < N:
             raise ValueError(f"{op}: index tensors must have >= {N} rows, got {idx.shape[0]}")
-        return to_our_pad((idx if idx.dim() == 2 else idx[:, None])[:N], pad_slot_id)
+        return (idx if idx.dim() == 2 else idx[:, None])[:N].long()
 
     sbi, dsbi = cols(state_batch_indices), cols(dst_state_batch_indices)
+    pad = pad_slot_id if sbi is not None else -1  # passed to the ops as their pad id
     if num_accepted_tokens is not None and multi:
         if state_batch_indices is None:
             raise ValueError("state_batch_indices is required when num_accepted_tokens is provided")
@@ -156,12 +157,12 @@ def selective_state_update(
             raise ValueError(f"{op}: `intermediate_states_buffer` must be contiguous with cache_steps >= {T}")
         buf = b.view(-1, cache_steps, *state.shape[1:])
         rows = src if intermediate_state_indices is None else intermediate_state_indices.long()
-        rows = torch.where(src >= 0, rows, -1)
+        rows = torch.where(src != pad, rows, -1)
     if not is_varlen:
         ssm_tokens(
             state, x4, dt_h, A_h, B4, C4, D=D_h, z=z4, dt_bias=b_h, dt_softplus=dt_softplus,
             src=src, token_dst=token_dst, final_dst=final_dst, buffer=buf, buffer_rows=rows,
-            out=out4,
+            out=out4, pad=pad,
         )  # fmt: skip
         return output
     assert cu_seqlens is not None
@@ -174,7 +175,7 @@ def selective_state_update(
     ssm_tokens(
         state, xp, dtp, A_h, Bp, Cp, D=D_h, z=zp, dt_bias=b_h, dt_softplus=dt_softplus,
         src=src, lens=lens, token_dst=token_dst, final_dst=final_dst, buffer=buf,
-        buffer_rows=rows, out=yp,
+        buffer_rows=rows, out=yp, pad=pad,
     )  # fmt: skip
     varlen_unpad_(out4, yp, cu)
     return output

@@ -19,7 +19,6 @@ from hybridmeta.compat._common import (
     conv_tokens,
     sibling_parents,
     ssm_tokens,
-    to_our_pad,
 )
 from hybridmeta.compat.vllm import _not_supported, _ssm_params
 
@@ -97,7 +96,8 @@ def selective_state_update(
     if state_batch_indices is not None and state_batch_indices.shape != (bs,):
         raise ValueError(f"{op}: `state_batch_indices` must be [{bs}], got {list(state_batch_indices.shape)}")
     src = (torch.arange(bs, device=dev) if state_batch_indices is None
-           else to_our_pad(state_batch_indices, pad_slot_id))  # fmt: skip
+           else state_batch_indices.long())  # fmt: skip
+    pad = pad_slot_id if state_batch_indices is not None else -1
     buf = rows = parent = None
     if intermediate_states_buffer is not None:
         b = intermediate_states_buffer
@@ -115,7 +115,7 @@ def selective_state_update(
                              f"[entries, cache_steps={cache_steps}, {', '.join(map(str, state.shape[1:]))}]")  # fmt: skip
         buf = b.view(-1, cache_steps, *state.shape[1:])
         rows = src if intermediate_state_indices is None else intermediate_state_indices.long()
-        rows = torch.where(src >= 0, rows, -1)
+        rows = torch.where(src != pad, rows, -1)
         if retrieve_parent_token is not None and T > 1:
             p = retrieve_parent_token[:, :T].long()
             t = torch.arange(T, device=dev)[None, :]
@@ -124,7 +124,7 @@ def selective_state_update(
     ssm_tokens(
         state, x4, dt_h, A_h, B4, C4, D=D_h, z=z4, dt_bias=b_h, dt_softplus=dt_softplus,
         src=src, parent=parent, final_dst=None if disable_state_update else src,
-        buffer=buf, buffer_rows=rows, out=out4,
+        buffer=buf, buffer_rows=rows, out=out4, pad=pad,
     )  # fmt: skip
 
 
@@ -181,7 +181,8 @@ def causal_conv1d_update(
         raise ValueError(f"{op}: `conv_state` needs state_len >= width - 2 + {S} with num_accept_tokens")
     dev = x.device
     slots = (torch.arange(bs, device=dev) if conv_state_indices is None
-             else to_our_pad(conv_state_indices, pad_slot_id))  # fmt: skip
+             else conv_state_indices.long())  # fmt: skip
+    pad = pad_slot_id if conv_state_indices is not None else -1
     parent = par = None
     if retrieve_next_token is not None:
         if retrieve_next_sibling is None or retrieve_parent_token is None:
@@ -194,17 +195,17 @@ def causal_conv1d_update(
     if intermediate_conv_window is not None:
         rows = (torch.arange(bs, device=dev) if intermediate_state_indices is None
                 else intermediate_state_indices.long())  # fmt: skip
-        rows = torch.where(slots >= 0, rows, -1)
+        rows = torch.where(slots != pad, rows, -1)
     xs = x3.transpose(1, 2)  # [bs, S, dim]
     y = torch.empty_like(xs)
     conv_tokens(
         conv_state, xs, weight, bias, activation=act, slots=slots,
         offset=None if num_accept_tokens is None else num_accept_tokens.long() - 1,
         parent=parent, state_write="shift" if num_accept_tokens is None else "spec",
-        buffer=intermediate_conv_window, buffer_rows=rows, out=y,
+        buffer=intermediate_conv_window, buffer_rows=rows, out=y, pad=pad,
     )  # fmt: skip
     if par is not None and retrieve_parent_token is not None:
         dst = retrieve_parent_token[:, :S]
-        dst.copy_(torch.where((slots >= 0)[:, None], par.to(dst.dtype), dst))
+        dst.copy_(torch.where((slots != pad)[:, None], par.to(dst.dtype), dst))
     out = y.transpose(1, 2)
     return out.squeeze(-1) if x.dim() == 2 else out

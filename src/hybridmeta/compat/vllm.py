@@ -30,7 +30,6 @@ from hybridmeta.compat._common import (
     per_head,
     silu_gate_,
     ssm_tokens,
-    to_our_pad,
     varlen_pad,
     varlen_unpad_,
 )
@@ -165,15 +164,17 @@ def selective_state_update(
         init = torch.zeros(N, dtype=torch.long, device=dev)
         if num_accepted_tokens is not None:
             init = (num_accepted_tokens.long() - 1).clamp(min=0)
-        src = to_our_pad(sbi[:N].gather(1, init[:, None])[:, 0], null_block_id)
+        src = sbi[:N].gather(1, init[:, None])[:, 0].long()
     dst_all = (dsbi if dsbi is not None else sbi)
-    dst_ours = None if dst_all is None else to_our_pad(dst_all[:N], null_block_id)
+    dst_ours = None if dst_all is None else dst_all[:N].long()
+    # the null id goes to the ops as their pad id (no index given: every row is live)
+    pad = null_block_id if sbi is not None else -1
     if cu_seqlens is None:  # one token per row: the decode op with source and destination
         dst = src if dst_ours is None else dst_ours[:, 0]
         ssm_tokens(
             state, x[:, None], dt_h[:, None], A_h, B[:, None], C[:, None], D=D_h,
             z=None if zz is None else zz[:, None], dt_bias=b_h, dt_softplus=dt_softplus,
-            src=src, final_dst=dst, out=out_v[:, None],
+            src=src, final_dst=dst, out=out_v[:, None], pad=pad,
         )  # fmt: skip
         return
     # varlen: sequences padded to [N, T]. With num_accepted_tokens T is the index tensors'
@@ -196,11 +197,11 @@ def selective_state_update(
         if dst_ours.shape[1] < T:
             raise ValueError(f"{op}: `dst_state_batch_indices` needs >= {T} columns")
         ssm_tokens(state, xp, dtp, A_h, Bp, Cp, D=D_h, z=zp, dt_bias=b_h, dt_softplus=dt_softplus,
-                   src=src, lens=lens, token_dst=dst_ours[:, :T], out=yp)  # fmt: skip
+                   src=src, lens=lens, token_dst=dst_ours[:, :T], out=yp, pad=pad)  # fmt: skip
     else:
         final = src if dst_ours is None else dst_ours[:, 0]
         ssm_tokens(state, xp, dtp, A_h, Bp, Cp, D=D_h, z=zp, dt_bias=b_h, dt_softplus=dt_softplus,
-                   src=src, lens=lens, final_dst=final, out=yp)  # fmt: skip
+                   src=src, lens=lens, final_dst=final, out=yp, pad=pad)  # fmt: skip
     varlen_unpad_(out_v, yp, cu)
 
 
@@ -278,7 +279,7 @@ def causal_conv1d_update(
         N, T = idx.shape[0], max_query_len
         lens = query_start_loc.long().diff()
         x3 = varlen_pad(xs, query_start_loc[:-1].long(), T)
-    slots = torch.arange(N, device=dev) if idx is None else to_our_pad(idx, null_block_id)
+    slots = torch.arange(N, device=dev) if idx is None else idx.long()
     if num_accepted_tokens is not None:
         if conv_state.shape[2] < K - 2 + T:
             raise ValueError(f"{op}: `conv_state` needs state_len >= width - 2 + {T} = {K - 2 + T} "
@@ -290,6 +291,7 @@ def causal_conv1d_update(
         conv_state, x3, weight, bias, activation=act, slots=slots, lens=lens,
         offset=None if num_accepted_tokens is None else num_accepted_tokens.long() - 1,
         state_write="shift" if num_accepted_tokens is None else "spec", out=y3,
+        pad=null_block_id if idx is not None else -1,
     )  # fmt: skip
     if query_start_loc is None:
         target.copy_((y3[:, 0] if x.dim() == 2 else y3.transpose(1, 2)).to(orig))

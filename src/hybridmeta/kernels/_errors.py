@@ -167,7 +167,17 @@ class KernelFault:
 
 # --------------------------------------------------------------------------- the record
 
-_RECORDS: dict[torch.device, torch.Tensor] = {}
+# (device, record) pairs, a list rather than a dict: a record made on first use inside a
+# compiled region is stored by Dynamo as a side effect, and a dict mutation there would
+# make Dynamo refuse every later mapping-proxy read of the region (a class's __dict__).
+_RECORDS: list[tuple[torch.device, torch.Tensor]] = []
+
+
+def _lookup(d: torch.device) -> torch.Tensor | None:
+    for dev, rec in _RECORDS:
+        if dev == d:
+            return rec
+    return None
 
 
 def _clean(device: torch.device) -> torch.Tensor:
@@ -190,7 +200,7 @@ def error_record(device: torch.device | str) -> torch.Tensor:
     allocate it.
     """
     d = _canonical(device)
-    rec = _RECORDS.get(d)
+    rec = _lookup(d)
     if rec is None:
         if d.type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise RuntimeError(
@@ -198,12 +208,19 @@ def error_record(device: torch.device | str) -> torch.Tensor:
                 "graph capture cannot allocate it; call hybridmeta.kernels.error_record("
                 f"{str(d)!r}) (or run the step once eagerly, as a warm-up does) before capturing"
             )
-        from torch.utils._python_dispatch import _disable_current_modes
-
-        # Outside any dispatch mode (a graph emulation would record the fill and replay it).
-        with _disable_current_modes():
+        if torch.compiler.is_compiling():
+            # First use inside a compiled region: the record is made by the graph and
+            # stored here as one of Dynamo's side effects once the graph has run (a real
+            # tensor, written by the ops of that same graph).
             rec = _clean(d)
-        _RECORDS[d] = rec
+        else:
+            from torch.utils._python_dispatch import _disable_current_modes
+
+            # Outside any dispatch mode (a graph emulation would record the fill and
+            # replay it).
+            with _disable_current_modes():
+                rec = _clean(d)
+        _RECORDS.append((d, rec))
     return rec
 
 
@@ -215,7 +232,7 @@ def record_for(t: torch.Tensor) -> torch.Tensor:
 
         if is_fake(t):
             return torch.empty(4, dtype=torch.int64, device=t.device)
-    rec = _RECORDS.get(t.device)
+    rec = _lookup(t.device)
     return rec if rec is not None else error_record(t.device)
 
 
@@ -269,10 +286,10 @@ def check_errors(
         if reset:
             reset_errors(device)
         return _decode(owner, key, pad, bound) if 0 < owner <= len(OPS) else None
-    devices = list(_RECORDS) if device is None else [_canonical(device)]
+    devices = [d for d, _ in _RECORDS] if device is None else [_canonical(device)]
     found: KernelFault | None = None
     for d in devices:
-        rec = _RECORDS.get(d)
+        rec = _lookup(d)
         if rec is None:
             continue
         owner, key, pad, bound = (int(v) for v in rec.tolist())
@@ -296,8 +313,8 @@ def raise_if_faulted(
 
 def reset_errors(device: torch.device | str | None = None) -> None:
     """Clear the error record of ``device`` (``None``: every device's); no sync."""
-    for d in list(_RECORDS) if device is None else [_canonical(device)]:
-        rec = _RECORDS.get(d)
+    for d in [d for d, _ in _RECORDS] if device is None else [_canonical(device)]:
+        rec = _lookup(d)
         if rec is not None:
             rec.copy_(_clean(d))
 

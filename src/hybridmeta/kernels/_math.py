@@ -241,10 +241,12 @@ def index_copy_rows_(
     if pool.shape[0] == 0 or index.shape[0] == 0:
         return
     idx = index.long()
-    first = write.int().argmax()  # the first writing row (0 when none writes)
+    # the first writing row (0 when none writes), as a 1-element index: indexing with a
+    # 0-d device tensor (`idx[first]`) is a device-to-host read on CUDA
+    first = write.int().argmax().view(1)
     any_w = write.any()
-    tgt = torch.where(write, idx, torch.where(any_w, idx[first], 0))
+    tgt = torch.where(write, idx, torch.where(any_w, idx.index_select(0, first), 0))
     v = values.to(pool.dtype)
-    fill = torch.where(any_w, v[first], pool[0])
+    fill = torch.where(any_w, v.index_select(0, first), pool[:1])
     v = torch.where(write.view(-1, *([1] * (v.dim() - 1))), v, fill)
     pool.index_copy_(0, tgt, v)

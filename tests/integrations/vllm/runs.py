@@ -67,7 +67,19 @@ ENGINE: dict[str, Any] = {
 #: state only), so stock vLLM crashes on the first align-mode prefill checkpoint
 #: (``IndexError`` at ``varlen_states[last_chunk_indices_p]``): stock runs without prefix
 #: caching, the plugin with it (align mode, vLLM's default for these models).
-PREFIX_CACHING = {"stock": False, "plugin": True}
+PREFIX_CACHING = {"stock": False, "plugin": True, "stock_spec": False, "plugin_spec": False}
+#: Speculative decoding (issue 20 item 4): vLLM's ngram method, which needs no draft model.
+#: Served without prefix caching (the plugin refuses align mode with speculation).
+SPEC: dict[str, Any] = {
+    "method": "ngram",
+    "num_speculative_tokens": 2,
+    "prompt_lookup_min": 1,
+    "prompt_lookup_max": 3,
+}
+SPEC_CHECKPOINTS = ("nemotron_h_g1_c32", "nemotron_h_g2_c64")
+#: The round index of the ngram prompts (served by every mode: the non-spec modes give
+#: the reference tokens).
+SPEC_ROUND = 3
 ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
@@ -81,12 +93,24 @@ def prompts(name: str) -> tuple[list[list[int]], list[list[int]]]:
     return fixed, many
 
 
+def spec_prompts(name: str) -> list[list[int]]:
+    """Prompts ngram drafts from: a random segment repeated (periods 1 to 7), 1 to 150
+    tokens, so the proposer finds matches and the model's continuation often follows."""
+    g = torch.Generator().manual_seed(100 + sorted(CHECKPOINTS).index(name))
+    out = [[int(torch.randint(3, VOCAB, (1,), generator=g))]]
+    for period, length in ((1, 12), (2, 30), (3, 45), (4, 64), (5, 90), (7, 150), (3, 20)):
+        seg = torch.randint(3, VOCAB, (period,), generator=g).tolist()
+        out.append((seg * (length // period + 1))[:length])
+    return out
+
+
 def rounds(name: str) -> list[dict[str, Any]]:
     fixed, many = prompts(name)
     return [
         {"prompts": fixed, "max_tokens": MAX_TOKENS},  # cold
         {"prompts": fixed, "max_tokens": MAX_TOKENS},  # again: align-mode prefix-cache hits
         {"prompts": many, "max_tokens": 4},
+        {"prompts": spec_prompts(name), "max_tokens": 40},  # SPEC_ROUND
     ]
 
 
@@ -96,9 +120,11 @@ def checkpoint_dir(name: str) -> Path:
 
 def _spec(mode: str, tp: int, names: tuple[str, ...]) -> dict[str, Any]:
     env = dict(ENV)
-    if mode == "plugin":
+    if mode.startswith("plugin"):
         env["HYBRIDMETA_VLLM"] = "1"
     engine = dict(ENGINE, enable_prefix_caching=PREFIX_CACHING[mode])
+    if mode.endswith("_spec"):  # the ngram prompts only, with speculation and its counters
+        engine.update(speculative_config=SPEC, disable_log_stats=False)
     if tp == 1:
         # engine core and worker in this process: one vLLM import instead of three
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -109,7 +135,8 @@ def _spec(mode: str, tp: int, names: tuple[str, ...]) -> dict[str, Any]:
     return {
         "env": env,
         "engines": [
-            {"name": n, "model": str(checkpoint_dir(n)), "engine": engine, "rounds": rounds(n)}
+            {"name": n, "model": str(checkpoint_dir(n)), "engine": engine,
+             "rounds": rounds(n)[SPEC_ROUND:] if mode.endswith("_spec") else rounds(n)}
             for n in names
         ],
     }
@@ -117,14 +144,27 @@ def _spec(mode: str, tp: int, names: tuple[str, ...]) -> dict[str, Any]:
 
 @cache
 def served(mode: str, tp: int = 1, names: tuple[str, ...] | None = None) -> dict[str, Any]:
-    """Serve every checkpoint (``tp == 1``) or :data:`TP_CHECKPOINTS` in one process."""
+    """Serve every checkpoint (``tp == 1``; the ``*_spec`` modes: :data:`SPEC_CHECKPOINTS`)
+    or :data:`TP_CHECKPOINTS` in one process."""
+    spec_mode = mode.endswith("_spec")
+    if spec_mode and names is None:
+        # vLLM 0.32's CPU build starts a second speculative engine in one process only to
+        # fail (its Triton-override rebinding: "'_lib_fn_wrapper' object has no attribute
+        # 'get'"): one process per checkpoint
+        merged: dict[str, Any] = {"engines": {}, "wall_s": 0.0}
+        for n in SPEC_CHECKPOINTS:
+            one = served(mode, tp, (n,))
+            merged["engines"].update(one["engines"])
+            merged["wall_s"] += one["wall_s"]
+        return merged
     if names is None:
         names = SERVED if tp == 1 else TP_CHECKPOINTS
     out_dir = CACHE / "runs"
     out_dir.mkdir(parents=True, exist_ok=True)
-    spec_path = out_dir / f"{mode}_tp{tp}.spec.json"
-    out_path = out_dir / f"{mode}_tp{tp}.out.json"
-    log_path = out_dir / f"{mode}_tp{tp}.log"
+    stem = f"{mode}_tp{tp}" + (f"_{'_'.join(names)}" if spec_mode else "")
+    spec_path = out_dir / f"{stem}.spec.json"
+    out_path = out_dir / f"{stem}.out.json"
+    log_path = out_dir / f"{stem}.log"
     spec_text = json.dumps(_spec(mode, tp, names))
     if (
         os.environ.get("HYBRIDMETA_VLLM_REUSE") == "1"  # by hand only: re-read a finished run

@@ -57,6 +57,15 @@ def _round(llm: Any, rnd: dict[str, Any]) -> list[dict[str, Any]]:
     return served
 
 
+def _spec_metrics(llm: Any) -> dict[str, float]:
+    """vLLM's speculative-decoding counters (drafts, draft tokens, accepted tokens)."""
+    out: dict[str, float] = {}
+    for m in llm.get_metrics():
+        if m.name.startswith("vllm:spec_decode") and hasattr(m, "value"):
+            out[m.name] = float(m.value)
+    return out
+
+
 def _calls() -> dict[str, int]:
     mixer = sys.modules.get("hybridmeta.integrations.vllm.layer")
     return dict(mixer.CALLS) if mixer is not None else {}
@@ -81,6 +90,7 @@ def _engine(spec: dict[str, Any]) -> dict[str, Any]:
         for rnd in spec["rounds"]:
             t1 = time.monotonic()
             rounds.append({"outputs": _round(llm, rnd), "seconds": time.monotonic() - t1})
+        spec_metrics = _spec_metrics(llm) if "speculative_config" in spec["engine"] else {}
         if prof is not None:
             prof.disable()
             prof.dump_stats(os.environ["HYBRIDMETA_SERVE_PROFILE"] + "." + spec["name"])
@@ -102,6 +112,7 @@ def _engine(spec: dict[str, Any]) -> dict[str, Any]:
         "engine_start_s": start,
         "rounds": rounds,
         "plugin_calls": {k: after.get(k, 0) - before.get(k, 0) for k in after},
+        "spec_metrics": spec_metrics,
     }
 
 

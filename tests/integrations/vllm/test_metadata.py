@@ -23,12 +23,15 @@ from hypothesis import strategies as st
 from hybridmeta.graphs.buffers import InputSpec
 from hybridmeta.integrations.vllm.layer import LayerShape, conv_ssm
 from hybridmeta.integrations.vllm.metadata import (
+    NULL_BLOCK_ID,
+    VLLM_CONVENTIONS,
     DecodeGraphBuffers,
-    VllmForward,
     VllmMamba2Step,
+    check_speculative,
     decode_rows,
     mamba2_metadata,
 )
+from hybridmeta.model import Mamba2Metadata
 from hybridmeta.testing import (
     Batch,
     GraphedDecodeBackend,
@@ -44,12 +47,14 @@ SHAPE = LayerShape(heads=H, head_dim=P, groups=G, state=N)
 
 def decode_step(slots: list[int], computed: list[int]) -> VllmMamba2Step:
     n = len(slots)
+    state = torch.tensor(slots, dtype=torch.int32).view(n, 1)
     return VllmMamba2Step(
         query_start_loc=torch.arange(n + 1, dtype=torch.int32),
+        mamba_cache_indices=state[:, 0],
         seq_lens=torch.tensor([c + 1 for c in computed], dtype=torch.int32),
-        state_indices=torch.tensor(slots, dtype=torch.int32).view(n, 1),
+        state_indices=state,
         num_computed_tokens=torch.tensor(computed, dtype=torch.int32),
-        num_decodes=n,
+        num_decode_rows=n,
         num_decode_tokens=n,
         query_lens=np.ones(n, dtype=np.int64),
         computed_lens=np.array(computed, dtype=np.int64),
@@ -62,7 +67,8 @@ class VllmDecodeGraphs(GraphedDecodeBackend):
     """The plugin's FULL-graph decode: persistent buffers + the layer body, one layer.
 
     The pools are in vLLM's layout (conv state ``[blocks, K - 1, conv_dim]``, handed to
-    the ops as its transpose view), block 0 is vLLM's null block (never a live slot).
+    the ops as its transpose view), block 0 is vLLM's null block (never a live slot): the
+    harness's slot ``s`` is block ``s + 1``, and the pools it checks are blocks ``1..``.
     """
 
     tolerance = (0.0, 0.0)  # the same reference ops in graph and eager: bit-equal
@@ -71,15 +77,15 @@ class VllmDecodeGraphs(GraphedDecodeBackend):
         g = torch.Generator().manual_seed(0)
         self.max_bs, self.num_slots, self.device = max_bs, num_slots, torch.device("cpu")
         self.stale_tail = stale_tail
-        self.conv = torch.randn(num_slots, K - 1, CONV, generator=g)
-        self.ssm = torch.randn(num_slots, H, P, N, generator=g)
+        self.conv = torch.randn(num_slots + 1, K - 1, CONV, generator=g)
+        self.ssm = torch.randn(num_slots + 1, H, P, N, generator=g)
         self.weight = torch.randn(CONV, K, generator=g) * 0.5
         self.bias = torch.randn(CONV, generator=g) * 0.1
         self.A = -torch.rand(H, generator=g) - 0.1
         self.D = torch.randn(H, generator=g)
         self.dt_bias = torch.randn(H, generator=g) * 0.3
         self.graphs = DecodeGraphBuffers(
-            max_bs=max_bs, num_slots=num_slots, device="cpu",
+            max_bs=max_bs, num_slots=num_slots + 1, device="cpu",
             inputs={"xbc": InputSpec((CONV,), torch.float32), "dt": InputSpec((H,), torch.float32)},
         )  # fmt: skip
         self._md: dict[int, Any] = {}
@@ -90,7 +96,7 @@ class VllmDecodeGraphs(GraphedDecodeBackend):
         return out
 
     def state_pools(self) -> Mapping[str, torch.Tensor]:
-        return {"conv": self.conv, "ssm": self.ssm}
+        return {"conv": self.conv[1:], "ssm": self.ssm[1:]}  # block 0: vLLM's null block
 
     def make_inputs(self, batch: Batch, gen: torch.Generator) -> Mapping[str, torch.Tensor]:
         return {"xbc": torch.randn(batch.bs, CONV, generator=gen),
@@ -122,15 +128,16 @@ class VllmDecodeGraphs(GraphedDecodeBackend):
         return {"y": self._layer(md, ins["xbc"], ins["dt"], self.conv, self.ssm)}
 
     def refresh(self, batch: Batch, inputs: Mapping[str, torch.Tensor], bucket: int) -> None:
-        step = decode_step(list(batch.slots), [3] * batch.bs)
+        step = decode_step([s + 1 for s in batch.slots], [3] * batch.bs)
         self.graphs.refresh(step, bucket, dict(inputs))
 
     def reference(self, pools: Mapping[str, torch.Tensor], batch: Batch,
                   inputs: Mapping[str, torch.Tensor]) -> Reference:  # fmt: skip
-        conv, ssm = pools["conv"].clone(), pools["ssm"].clone()
-        md = mamba2_metadata(decode_step(list(batch.slots), [3] * batch.bs))
+        conv = torch.cat((self.conv[:1], pools["conv"]))
+        ssm = torch.cat((self.ssm[:1], pools["ssm"]))
+        md = mamba2_metadata(decode_step([s + 1 for s in batch.slots], [3] * batch.bs))
         y = self._layer(md, inputs["xbc"], inputs["dt"], conv, ssm)
-        return Reference(pools={"conv": conv, "ssm": ssm}, outputs={"y": y})
+        return Reference(pools={"conv": conv[1:], "ssm": ssm[1:]}, outputs={"y": y})
 
 
 def test_full_graph_decode_ignores_stale_tails() -> None:
@@ -150,7 +157,9 @@ def test_replay_finds_a_planted_stale_tail() -> None:
 @st.composite
 def vllm_steps(draw: st.DrawFn) -> VllmMamba2Step:
     """Mixed vLLM steps: decode rows first, prefill rows with and without state, some
-    with an align-mode checkpoint; distinct blocks, 0 never live."""
+    with an align-mode checkpoint (vLLM's position: the last block boundary strictly
+    before the row's last token, the row's end a boundary or not); distinct blocks, 0
+    never live."""
     nd = draw(st.integers(0, 3))
     npf = draw(st.integers(0 if nd else 1, 3))
     chunk, interval = 4, 8
@@ -164,18 +173,19 @@ def vllm_steps(draw: st.DrawFn) -> VllmMamba2Step:
     for r in range(n):
         pre, ext = computed[r], query[r]
         p = (pre + ext - 1) // interval * interval  # vLLM's position: strictly inside
-        ok = r >= nd and pre % interval == 0 and p >= pre + interval and (pre + ext) % interval
-        ok = ok and draw(st.booleans())
+        ok = r >= nd and p > pre and draw(st.booleans())
         offsets.append(p - pre if ok else 0)
-        ck.append(ckpt_blocks[r] if ok else 0)
+        ck.append(ckpt_blocks[r] if ok else NULL_BLOCK_ID)
     qsl = np.concatenate(([0], np.cumsum(query))).astype(np.int32)
+    state = torch.tensor(slots, dtype=torch.int32).view(n, 1)
     return VllmMamba2Step(
         query_start_loc=torch.from_numpy(qsl),
+        mamba_cache_indices=state[:, 0],
         seq_lens=torch.tensor([c + q for c, q in zip(computed, query, strict=True)], dtype=torch.int32),
-        state_indices=torch.tensor(slots, dtype=torch.int32).view(n, 1),
+        state_indices=state,
         num_computed_tokens=torch.tensor(computed, dtype=torch.int32),
         checkpoint_slots=torch.tensor(ck, dtype=torch.int32),
-        num_decodes=nd,
+        num_decode_rows=nd,
         num_decode_tokens=nd,
         query_lens=np.array(query, dtype=np.int64),
         computed_lens=np.array(computed, dtype=np.int64),
@@ -190,36 +200,45 @@ def vllm_steps(draw: st.DrawFn) -> VllmMamba2Step:
 class OpsView:
     """The step's fields as the Mamba2 ops read them from the metadata (vLLM's row order)."""
 
-    state_indices: torch.Tensor
-    num_decodes: int
+    mamba_cache_indices: torch.Tensor
+    num_decode_rows: int
     num_decode_tokens: int
     chunk_size: int
     conv_kernel: int
     checkpoint_slots: torch.Tensor
+    checkpoint_offsets: tuple[int, ...]
 
 
 def _as_ops_see_it(step: VllmMamba2Step) -> OpsView:
-    """The step's fields as the Mamba2 ops read them from the metadata, in vLLM's row order."""
+    """The step's fields as the Mamba2 ops read them from the metadata: the rows in the
+    step's own order (no permutation), the checkpoints as the planned track saves."""
     md = mamba2_metadata(step)
-    nd, n = step.num_decodes, step.num_rows
-    # metadata rows: prefill rows first (interim), then the decode rows
-    back = np.concatenate((np.arange(n - nd, n), np.arange(0, n - nd))) if 0 < nd < n else np.arange(n)
-    slots = md.mamba_cache_indices.long()[torch.from_numpy(back)]
-    out: dict[str, Any] = {
-        "state_indices": slots.view(n, 1).to(step.state_indices.dtype),
-        "num_decodes": md.num_decodes,
-        "num_decode_tokens": md.num_decodes,
-        "chunk_size": md.mixed.chunks.chunk_size if md.mixed is not None else step.chunk_size,
-        "conv_kernel": md.mixed.conv.kernel_size if md.mixed is not None else step.conv_kernel,
-    }
-    track = md.mamba_track_indices
-    if track is not None:
-        out["checkpoint_slots"] = torch.where(
-            track.long()[torch.from_numpy(back)] < 0, 0, track.long()[torch.from_numpy(back)]
-        ).to(torch.int32)
-    else:
-        out["checkpoint_slots"] = torch.zeros(n, dtype=torch.int32)
-    return OpsView(**out)
+    assert isinstance(md, VllmMamba2Step) and md.conventions.null_slot == NULL_BLOCK_ID
+    n = step.query_lens.shape[0]
+    offsets = [0] * n
+    slots = torch.full((n,), NULL_BLOCK_ID, dtype=torch.int32)
+    if md.mixed is not None and md.mamba_track_indices is not None:
+        tr, ch, qsl = md.mixed.track, md.mixed.chunks, md.query_start_loc.tolist()
+        first = md.prefill_tokens().start
+        # h saves: the state after the chunk; recompute saves: after recompute_len tokens
+        # of the chunk (prefill-flat positions, back to positions inside the row)
+        ends = [(r, int(ch.start[c] + ch.length[c])) for r, c in
+                zip(tr.h_rows.tolist(), tr.h_chunk.tolist(), strict=True)]
+        ends += [(r, int(ch.start[c]) + ln) for r, c, ln in
+                 zip(tr.recompute_rows.tolist(), tr.recompute_chunk.tolist(),
+                     tr.recompute_len.tolist(), strict=True)]  # fmt: skip
+        for r, g in ends:
+            offsets[r] = g + first - qsl[r]
+            slots[r] = int(md.mamba_track_indices[r])
+    return OpsView(
+        mamba_cache_indices=md.mamba_cache_indices.to(step.mamba_cache_indices.dtype),
+        num_decode_rows=md.num_decodes,
+        num_decode_tokens=md.decode_tokens().stop - md.decode_tokens().start,
+        chunk_size=md.mixed.chunks.chunk_size if md.mixed is not None else step.chunk_size,
+        conv_kernel=md.mixed.conv.kernel_size if md.mixed is not None else step.conv_kernel,
+        checkpoint_slots=slots,
+        checkpoint_offsets=tuple(offsets),
+    )
 
 
 def test_every_field_the_ops_read_reaches_the_metadata() -> None:
@@ -228,14 +247,66 @@ def test_every_field_the_ops_read_reaches_the_metadata() -> None:
         _as_ops_see_it,
         derived=OpsView,
         sources=vllm_steps(),
-        fields=("state_indices", "num_decodes", "num_decode_tokens", "chunk_size",
-                "conv_kernel", "checkpoint_slots"),
+        fields=("mamba_cache_indices", "num_decode_rows", "num_decode_tokens", "chunk_size",
+                "conv_kernel", "checkpoint_slots", "checkpoint_offsets"),
     )
     assert report.ok, report.format()
 
 
 def test_the_layer_gets_the_builders_step() -> None:
     step = decode_step([2, 5], [4, 9])
-    fwd = VllmForward(md=mamba2_metadata(step), step=step)
-    assert fwd.step is step and fwd.md.mamba_cache_indices.tolist() == [2, 5]
+    md = mamba2_metadata(step)
+    # one object: a Mamba2Metadata specialised for the step's class, every vLLM field in it
+    assert isinstance(md, Mamba2Metadata) and isinstance(md, VllmMamba2Step)
+    assert type(md).__qualname__ == "Mamba2Metadata[VllmMamba2Step]"
+    assert md.state_indices is step.state_indices and md.seq_lens is step.seq_lens
+    assert md.conventions == VLLM_CONVENTIONS and md.decode_rows() == slice(0, 2)
+    assert (md.conventions.null_slot, md.conventions.decodes_first) == (0, True)
+    assert md.mamba_cache_indices.tolist() == [2, 5]
     assert decode_rows(np.array([1, 1, 1, 5]), np.array([3, 0, 2, 0])) == 1  # fresh 1-token prompt
+
+
+def test_a_mixed_step_keeps_vllms_row_order_and_fields() -> None:
+    qsl = torch.tensor([0, 1, 2, 12], dtype=torch.int32)
+    state = torch.tensor([[3], [7], [5]], dtype=torch.int32)
+    s = VllmMamba2Step(
+        query_start_loc=qsl, mamba_cache_indices=state[:, 0],
+        seq_lens=torch.tensor([5, 9, 10], dtype=torch.int32), state_indices=state,
+        num_computed_tokens=torch.tensor([4, 8, 0], dtype=torch.int32),
+        num_decode_rows=2, num_decode_tokens=2,
+        query_lens=np.array([1, 1, 10]), computed_lens=np.array([4, 8, 0]),
+        chunk_size=4, conv_kernel=K,
+    )  # fmt: skip
+    md = mamba2_metadata(s)
+    assert isinstance(md, VllmMamba2Step) and md.seq_lens is s.seq_lens
+    assert (md.decode_rows(), md.prefill_rows()) == (slice(0, 2), slice(2, 3))
+    assert md.mamba_cache_indices.tolist() == [3, 7, 5]  # vLLM's order, no permutation
+    assert md.query_start_loc.tolist() == qsl.tolist()
+
+
+def test_full_graph_pad_rows_carry_vllms_null_block() -> None:
+    # as vLLM's own persistent buffers: a bucket of 4 for 2 live rows pads with block 0,
+    # which the decode ops take as their pad id (block 0 unread and unwritten)
+    backend = VllmDecodeGraphs(max_bs=4, num_slots=7)
+    assert backend.graphs.capture(4).mamba_cache_indices.tolist() == [0, 0, 0, 0]
+    ins = {"xbc": torch.randn(2, CONV), "dt": torch.randn(2, H)}
+    md = backend.graphs.refresh(decode_step([3, 6], [4, 9]), 4, ins)
+    assert md.mamba_cache_indices.tolist() == [3, 6, 0, 0] and md.conventions.null_slot == 0
+    conv0, ssm0 = backend.conv[0].clone(), backend.ssm[0].clone()
+    views = backend.graphs.buffers.views(4)
+    y = backend._layer(md, views["xbc"], views["dt"], backend.conv, backend.ssm)
+    assert bool((y[2:] == 0).all())
+    assert torch.equal(backend.conv[0], conv0) and torch.equal(backend.ssm[0], ssm0)
+
+
+def test_speculation_the_plugin_does_not_serve_is_refused_in_one_line() -> None:
+    check_speculative(None, 0, "align")  # no speculation
+    check_speculative("ngram", 2, "none")  # served
+    for method, mode, what in (("eagle", "none", "'eagle'"), ("ngram", "align", "align-mode")):
+        with pytest.raises(NotImplementedError) as err:
+            check_speculative(method, 2, mode)
+        assert "\n" not in str(err.value) and what in str(err.value), err.value
+    # speculative decode rows: up to 1 + num_spec tokens, a prompt still prefilling is not one
+    q, c = np.array([3, 1, 2, 2]), np.array([5, 9, 4, 0])
+    assert decode_rows(q, c, 3) == 3  # the fresh prompt (no state) ends the decode rows
+    assert decode_rows(q, c, 3, np.array([False, False, True, False])) == 2

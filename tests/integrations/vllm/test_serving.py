@@ -167,3 +167,43 @@ def test_tensor_parallel_2_equals_tp1_and_stock_tp2(name: str) -> None:
     for rank in (0, 1):
         assert f"hybridmeta MambaMixer2 serving (tp rank {rank} of 2" in log, rank
     assert "hybridmeta MambaMixer2 serving" not in (runs.CACHE / "runs" / "stock_tp2.log").read_text()
+
+
+def _tokens_agree(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Greedy tokens equal, or equal up to a near-tie of ``a``'s own log-probs."""
+    for j, (ta, tb) in enumerate(zip(a["tokens"], b["tokens"], strict=True)):
+        if ta != tb:
+            top = a["top"][j]
+            return str(tb) in top and abs(top[str(ta)] - top[str(tb)]) <= NEAR_TIE
+    return True
+
+
+@pytest.mark.parametrize("name", runs.SPEC_CHECKPOINTS)
+def test_ngram_speculative_decoding_is_lossless(name: str) -> None:
+    """vLLM's ngram speculation through the plugin: greedy tokens equal the plugin's own
+    without speculation (greedy speculative decoding is lossless), prompt by prompt, with
+    drafts proposed and accepted; stock vLLM's CPU build is compared where it is right."""
+    spec = _engine("plugin_spec", name)
+    plain = _engine("plugin", name)["rounds"][runs.SPEC_ROUND]["outputs"]
+    got = spec["rounds"][0]["outputs"]
+    assert len(got) == len(plain) >= 8
+    tol = max(vllm_noise(), FLOOR)
+    stats = [_compare(a, b, tol) for a, b in zip(got, plain, strict=True)]
+    calls, m = spec["plugin_calls"], spec["spec_metrics"]
+    assert calls.get("spec_decode", 0) > 0, calls  # speculative decode steps ran through us
+    accepted = m.get("vllm:spec_decode_num_accepted_tokens", 0.0)
+    drafts = m.get("vllm:spec_decode_num_draft_tokens", 0.0)
+    assert drafts > 0 and accepted > 0, m  # drafts verified, some accepted (columns > 0)
+    stock_spec = _engine("stock_spec", name)["rounds"][0]["outputs"]
+    stock_plain = _engine("stock", name)["rounds"][runs.SPEC_ROUND]["outputs"]
+    stock_right = 0
+    for a, s, p in zip(got, stock_spec, stock_plain, strict=True):
+        if _tokens_agree(s, p):  # stock's speculation is right on this prompt
+            stock_right += 1
+            _compare(a, s, tol)
+    _report(f"spec/{name}", {
+        "prompts": len(got), "max_lp_diff_vs_plugin_nonspec": max(x["max_lp_diff"] for x in stats),
+        "near_ties": sum(x["near_ties"] for x in stats), "spec_metrics": m,
+        "stock_spec_right_prompts": stock_right, "plugin_spec_decode_calls": calls["spec_decode"],
+        "round_s": spec["rounds"][0]["seconds"],
+    })  # fmt: skip

@@ -2,79 +2,82 @@
 
 :class:`VllmMamba2Step` is the hybridmeta description of one forward as vLLM's scheduler
 describes it to the Mamba2 builder (``CommonAttentionMetadata`` plus the Mamba-specific
-inputs the builder derives from it): its rows are in **vLLM's** order (decode rows
-first, then prefill rows) and its slot ids are vLLM's state-cache block ids, with
-``NULL_BLOCK_ID = 0`` as the null/pad slot (:data:`VLLM_CONVENTIONS`).
+inputs the builder derives from it). It is an **extension** of hybridmeta's
+``ForwardMetadata`` (``@metadata(extension=True)``) that declares vLLM's conventions on
+the class (:data:`VLLM_CONVENTIONS`): rows in vLLM's order (decode rows first, then the
+prefill rows) and ``NULL_BLOCK_ID = 0`` as the null slot that pad rows and "no slot"
+carry. Its own fields are vLLM's (the 2-D state blocks of each row, sequence lengths,
+computed-token counts, the align-mode checkpoint blocks and offsets, accepted-token
+counts).
 
-:func:`mamba2_metadata` is the one place where that description becomes the
-``Mamba2Metadata`` the hybridmeta ops read. It imports nothing from vLLM, so it is tested
-and benchmarked without a vLLM install.
-
-Interim note (see ``docs/vllm_api_needs.md``): until ``@metadata(extension=True)``,
-``Conventions(row_order=RowOrder.DECODES_FIRST, null_slot=0)`` and a planner that takes
-decode-first batches land on ``main``, the translation reorders the rows (prefill rows
-first, the order the planner takes today) and returns a plain ``Mamba2Metadata``; the
-vLLM-only fields travel in :class:`VllmMamba2Step`, which the builder hands to the mixer
-beside it (:class:`VllmForward`). Both switches are local to this module.
+:func:`mamba2_metadata` is the one place where that step becomes the ``Mamba2Metadata``
+the hybridmeta ops read: ``Mamba2Metadata.evolve_from`` of a ``VllmMamba2Step`` (through
+``prepare_decode`` or the planner), so the result is a ``Mamba2Metadata[VllmMamba2Step]``
+that carries every vLLM field to the layer and honours vLLM's row order and null slot in
+every op. It imports nothing from vLLM, so it is tested and benchmarked without a vLLM
+install.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from typing import Any
 
-import attrs
 import numpy as np
 import numpy.typing as npt
 import torch
 
-from hybridmeta.core import BATCH, INDEX, Pad, Role, field, metadata, tensor_field
+from hybridmeta.core import (
+    BATCH,
+    INDEX,
+    Conventions,
+    Pad,
+    Role,
+    RowOrder,
+    field,
+    fields_of,
+    metadata,
+    tensor_field,
+)
 from hybridmeta.graphs.buffers import InputSpec, StaticBuffers
 from hybridmeta.model import ForwardMetadata, Mamba2Metadata, prepare_decode
-from hybridmeta.planner import plan_mixed_batch
+from hybridmeta.planner import BOOL_PARTS, plan_host, plan_mixed_batch
+from hybridmeta.staging import to_device_packed
 
 __all__ = [
     "NULL_BLOCK_ID",
     "VLLM_CONVENTIONS",
     "DecodeGraphBuffers",
-    "TrackRuleError",
-    "VllmForward",
+    "VllmDecodeForward",
     "VllmMamba2Step",
+    "check_speculative",
     "decode_rows",
     "mamba2_metadata",
-    "row_order",
 ]
 
 #: vLLM's null block (``vllm.v1.attention.backends.utils.NULL_BLOCK_ID``): pad rows and
 #: "no slot" carry it; the block is reserved and never written.
 NULL_BLOCK_ID = 0
 
-#: vLLM's conventions, as the schema states them (``RowOrder.DECODES_FIRST``,
-#: ``null_slot=0`` once ``hybridmeta.core.Conventions`` exists).
-VLLM_CONVENTIONS = {"row_order": "decodes_first", "null_slot": NULL_BLOCK_ID}
-
-_NULL = Pad.value(NULL_BLOCK_ID)
+#: vLLM's conventions, declared on :class:`VllmMamba2Step` and inherited by every
+#: metadata built from it: decode rows first, ``NULL_BLOCK_ID`` as the null slot.
+VLLM_CONVENTIONS = Conventions(row_order=RowOrder.DECODES_FIRST, null_slot=NULL_BLOCK_ID)
 
 
-@metadata
-class VllmMamba2Step:
+@metadata(extension=True, conventions=VLLM_CONVENTIONS)
+class VllmMamba2Step(ForwardMetadata):
     """One forward as vLLM's scheduler hands it to the Mamba2 metadata builder.
 
-    Rows in vLLM's order: ``num_decodes`` decode rows first (one token each, or
-    ``1 + num_spec`` with speculative decoding), then the prefill rows. Slot ids are
-    state-cache block ids; ``0`` (``NULL_BLOCK_ID``) is the null slot.
+    Rows in vLLM's order: ``num_decode_rows`` decode rows first (one token each; with
+    speculative decoding ``1 ..  1 + num_spec`` tokens each, ``num_accepted_tokens``
+    given), then the prefill rows. Slot ids are state-cache block ids; ``0`` (``NULL_BLOCK_ID``) is the
+    null slot. ``query_start_loc`` is vLLM's; ``mamba_cache_indices`` (the working slot
+    the ops read and write) is column 0 of ``state_indices``, the running state block.
 
     The device tensors are vLLM's own (no copy); the host fields are what vLLM's builder
     also reads on the host (``query_start_loc_cpu``, ``seq_lens_cpu_upper_bound``, the
     prefill checkpoint offsets), so the plan needs no device read.
     """
 
-    query_start_loc: torch.Tensor = tensor_field(
-        rows=BATCH + 1,
-        dtypes=INDEX,
-        pad=Pad.CUMULATIVE,
-        role=Role.ENGINE_ONLY,
-        doc="[bs + 1] vLLM's query_start_loc (token offsets, decode rows first).",
-    )
     seq_lens: torch.Tensor = tensor_field(
         rows=BATCH,
         dtypes=INDEX,
@@ -85,11 +88,11 @@ class VllmMamba2Step:
     state_indices: torch.Tensor = tensor_field(
         rows=BATCH,
         dtypes=INDEX,
-        pad=_NULL,
         ndim=2,
+        role=Role.SLOT,
         doc="[bs, 1 + num_spec] state-cache blocks of each row (align mode: the block "
         "table's last 1 + num_spec blocks of the request, mamba_get_block_table_tensor); "
-        "column 0 is the running state. 0: null.",
+        "column 0 is the running state (mamba_cache_indices). 0: null.",
     )
     num_computed_tokens: torch.Tensor = tensor_field(
         rows=BATCH,
@@ -101,22 +104,21 @@ class VllmMamba2Step:
     checkpoint_slots: torch.Tensor | None = tensor_field(
         rows=BATCH,
         dtypes=INDEX,
-        pad=_NULL,
+        role=Role.SLOT,
         default=None,
         doc="[bs] align-mode prefix cache: the block receiving the row's mid-prefill "
-        "checkpoint state (vLLM's MambaPrefillCheckpointMetadata.state_indices), 0 where "
-        "the row has none. Decode rows hold 0.",
+        "checkpoint state (vLLM's MambaPrefillCheckpointMetadata.state_indices), the null "
+        "slot where the row has none. Decode rows hold it.",
     )
     num_accepted_tokens: torch.Tensor | None = tensor_field(
         rows=BATCH,
         dtypes=INDEX,
         pad=Pad.value(1),
-        role=Role.ENGINE_ONLY,
         default=None,
         doc="[bs] speculative decoding: tokens accepted last step (bonus included, >= 1); "
         "the row's running state is column num_accepted - 1 of state_indices.",
     )
-    num_decodes: int = field(doc="Decode rows (the first rows).")
+    num_decode_rows: int = field(doc="Decode rows (the first rows).")
     num_decode_tokens: int = field(doc="Tokens of the decode rows.")
     query_lens: npt.NDArray[np.int64] = field(doc="Host: [bs] new tokens of each row.")
     computed_lens: npt.NDArray[np.int64] = field(
@@ -137,14 +139,19 @@ class VllmMamba2Step:
 
     def __validate__(self) -> None:
         n = self.query_lens.shape[0]
-        if self.computed_lens.shape != (n,) or self.query_lens.ndim != 1:
+        if self.query_lens.ndim != 1 or self.computed_lens.shape != (n,):
             raise ValueError(
                 f"VllmMamba2Step.computed_lens has {len(self.computed_lens)} rows but "
                 f"query_lens has {n}"
             )
-        if not 0 <= self.num_decodes <= n:
+        if n != self.mamba_cache_indices.shape[0]:
             raise ValueError(
-                f"VllmMamba2Step.num_decodes must be in [0, {n}], got {self.num_decodes}"
+                f"VllmMamba2Step.query_lens has {n} rows but the step has "
+                f"{self.mamba_cache_indices.shape[0]}"
+            )
+        if not 0 <= self.num_decode_rows <= n:
+            raise ValueError(
+                f"VllmMamba2Step.num_decode_rows must be in [0, {n}], got {self.num_decode_rows}"
             )
         if (self.checkpoint_offsets is None) != (self.checkpoint_slots is None):
             raise ValueError(
@@ -160,47 +167,56 @@ class VllmMamba2Step:
                 "VllmMamba2Step.checkpoint_interval must be > 0 when checkpoints are given"
             )
 
-    @property
-    def num_rows(self) -> int:
-        return int(self.query_lens.shape[0])
 
-    @property
-    def num_prefills(self) -> int:
-        return self.num_rows - self.num_decodes
-
-
-@attrs.frozen(kw_only=True, eq=False)
-class VllmForward:
-    """What the plugin's builder hands every Mamba2 layer for one forward: the metadata
-    the ops read (``md``, rows in its own order) and the step it was built from."""
-
-    md: Mamba2Metadata
-    step: VllmMamba2Step
+@metadata(extension=True, conventions=VLLM_CONVENTIONS)
+class VllmDecodeForward(ForwardMetadata):
+    """A decode step of vLLM's FULL-graph path as :class:`DecodeGraphBuffers` buffers it:
+    the offsets and working slots only (no host field a step would change), with vLLM's
+    conventions, so the graph's pad rows carry ``NULL_BLOCK_ID`` as vLLM's own persistent
+    buffers do."""
 
 
-class TrackRuleError(NotImplementedError):
-    """vLLM asks for a checkpoint position the planner's track rule cannot express yet."""
+#: The fields vLLM's step adds to ``ForwardMetadata``: the planner's forward carries them.
+_ROOT_FIELDS = frozenset(f.name for f in fields_of(ForwardMetadata))
+_VLLM_FIELDS = tuple(s.name for s in fields_of(VllmMamba2Step) if s.name not in _ROOT_FIELDS)
 
 
-def decode_rows(query_lens: npt.NDArray[np.int64], computed_lens: npt.NDArray[np.int64]) -> int:
-    """How many leading rows are decode rows: one new token on top of a state.
+def check_speculative(method: object, num_spec: int, mamba_cache_mode: str) -> None:
+    """Refuse, in one line at engine start, a speculative configuration the plugin does not
+    serve: any method but ``ngram`` (a draft model's own layers are not checked here), and
+    ``ngram`` with align-mode prefix caching (vLLM's checkpoints inside a speculative step
+    are not planned). No speculation (``num_spec == 0``) passes."""
+    if not num_spec:
+        return
+    align = mamba_cache_mode == "align"
+    if method != "ngram" or align:
+        raise NotImplementedError(
+            "hybridmeta vLLM plugin: speculative decoding is served for the 'ngram' method "
+            f"without prefix caching only (got method {method!r}"
+            f"{', align-mode prefix caching' if align else ''}; docs/vllm.md)"
+        )
+
+
+def decode_rows(
+    query_lens: npt.NDArray[np.int64],
+    computed_lens: npt.NDArray[np.int64],
+    threshold: int = 1,
+    prefilling: npt.NDArray[np.bool_] | None = None,
+) -> int:
+    """How many leading rows are decode rows: at most ``threshold`` new tokens (``1``, or
+    ``1 + num_spec`` with speculative decoding) on top of a state.
 
     vLLM's batch reorder puts decodes first; a one-token *first* chunk of a prompt has no
-    state and is a prefill row (as in vLLM's own builder).
+    state and is a prefill row, and so is a short chunk of a prompt still prefilling
+    (``prefilling``, vLLM's ``is_prefilling``) unless it is one token on a state (as in
+    vLLM's own builder).
     """
-    is_decode = (query_lens == 1) & (computed_lens > 0)
+    is_decode = (query_lens >= 1) & (query_lens <= threshold) & (computed_lens > 0)
+    if prefilling is not None:
+        is_decode &= ~prefilling | (query_lens == 1)
     if is_decode.all():
         return int(is_decode.shape[0])
     return int(is_decode.argmin())
-
-
-def row_order(step: VllmMamba2Step) -> npt.NDArray[np.int64] | None:
-    """``[bs]`` the vLLM row of each metadata row (interim: prefill rows first); ``None``
-    where that is the identity (a batch of decode rows only, or of prefill rows only)."""
-    n, d = step.num_rows, step.num_decodes
-    if d in (0, n):
-        return None
-    return np.concatenate((np.arange(d, n), np.arange(0, d))).astype(np.int64)
 
 
 def _host_slots(t: torch.Tensor) -> npt.NDArray[np.int64]:
@@ -215,47 +231,25 @@ def _host_slots(t: torch.Tensor) -> npt.NDArray[np.int64]:
     return out
 
 
-def _track_rows(
-    step: VllmMamba2Step, order: Sequence[int]
-) -> tuple[list[bool], list[int]] | None:
-    """The planner's track rows for vLLM's prefill checkpoints, or None without any."""
-    if step.checkpoint_offsets is None or step.checkpoint_slots is None:
-        return None
+def _track_rows(step: VllmMamba2Step) -> dict[str, Any]:
+    """The planner's track arguments for vLLM's prefill checkpoints (none without any).
+
+    vLLM's align mode saves one checkpoint per prefill row, at the last block boundary
+    strictly before the row's last token (``computed + offset``); the planner takes that
+    position per row (``track_positions``), so a row whose end is itself a boundary saves
+    the earlier one, as vLLM asks.
+    """
     offsets = step.checkpoint_offsets
-    if not any(offsets):
-        return None
-    interval = step.checkpoint_interval
-    slots = _host_slots(step.checkpoint_slots)
-    mask: list[bool] = []
-    track: list[int] = []
-    for r in order:
-        off = offsets[r]
-        if off <= 0:
-            mask.append(False)
-            track.append(-1)
-            continue
-        pre, ext = int(step.computed_lens[r]), int(step.query_lens[r])
-        want = pre + off  # vLLM's checkpoint position (absolute)
-        # The planner saves the last multiple of the interval reached by the row.
-        got = (pre + ext) // interval * interval
-        if want != got:
-            raise TrackRuleError(
-                f"mamba2_metadata: vLLM asks row {r} (tokens {pre}..{pre + ext}) for the "
-                f"state at {want}, but the planner's track rule saves the last boundary "
-                f"{got}; needs the planner's explicit track positions "
-                "(docs/vllm_api_needs.md, item 3)"
-            )
-        mask.append(True)
-        track.append(int(slots[r]))
-    return mask, track
-
-
-def _decode_forward(step: VllmMamba2Step) -> ForwardMetadata:
-    # A decode step (the hot path): vLLM's own tensors, no plan and no host copy. In align
-    # mode a decode row's block boundary is vLLM's block copy, not a layer save.
-    return ForwardMetadata(
-        query_start_loc=step.query_start_loc, mamba_cache_indices=step.state_indices[:, 0]
-    )
+    if offsets is None or step.checkpoint_slots is None or not any(offsets):
+        return {}
+    off = np.asarray(offsets, dtype=np.int64)
+    mask = off > 0
+    return {
+        "track_interval": step.checkpoint_interval,
+        "track_mask": mask,
+        "track_slots": _host_slots(step.checkpoint_slots),
+        "track_positions": step.computed_lens + off,
+    }
 
 
 class DecodeGraphBuffers:
@@ -264,8 +258,10 @@ class DecodeGraphBuffers:
     vLLM's own builder keeps persistent ``[max_bs, 1 + num_spec]`` state-index buffers and
     pads them with ``NULL_BLOCK_ID``; here every per-row field the decode ops read is a
     static buffer generated from the declarations, refreshed in place for each step and
-    handed out as views of exactly the bucket's rows (no stale tail reaches a kernel; pad
-    rows carry hybridmeta's pad ``-1`` and write no state).
+    handed out as views of exactly the bucket's rows (no stale tail reaches a kernel).
+    The buffered step is a :class:`VllmDecodeForward` (``StaticBuffers(source=...)``): its
+    pad rows carry vLLM's null block ``0``, which every op takes as its pad id (they read
+    and write no state).
 
     Parameters
     ----------
@@ -293,6 +289,7 @@ class DecodeGraphBuffers:
             index_dtype=torch.int32,
             optional_fields=(),  # a decode row saves nothing: no track fields
             inputs=inputs,
+            source=VllmDecodeForward,
         )
 
     def capture(self, bucket: int) -> Mamba2Metadata:
@@ -306,46 +303,85 @@ class DecodeGraphBuffers:
         inputs: dict[str, torch.Tensor] | None = None,
     ) -> Mamba2Metadata:
         """Write a decode step's rows (and the pad up to ``bucket``); bucket-row views."""
-        if step.num_prefills:
+        if step.num_decode_rows != step.query_lens.shape[0]:
             raise ValueError(
-                f"DecodeGraphBuffers.refresh: the step has {step.num_prefills} prefill rows; "
-                "vLLM captures decode-only graphs"
+                f"DecodeGraphBuffers.refresh: the step has "
+                f"{step.query_lens.shape[0] - step.num_decode_rows} prefill rows; vLLM captures "
+                "decode-only graphs"
             )
-        return self.buffers.refresh(_decode_forward(step), bucket, inputs)
+        # A decode row's block boundary is vLLM's block copy, not a layer save: the
+        # buffered fields are the offsets and the working slots.
+        fwd = VllmDecodeForward(
+            query_start_loc=step.query_start_loc, mamba_cache_indices=step.mamba_cache_indices
+        )
+        return self.buffers.refresh(fwd, bucket, inputs)
 
 
 def mamba2_metadata(step: VllmMamba2Step) -> Mamba2Metadata:
     """The ``Mamba2Metadata`` of one vLLM forward: the one translation point.
 
-    vLLM's rows are reordered once here (interim: prefill rows first); the working slot
-    of each row is column 0 of ``state_indices`` (the running state; speculative
-    decoding's other columns are not served yet); align-mode checkpoints become the
-    planner's track rows with ``track_interval = checkpoint_interval``.
+    A decode step (the hot path) is ``prepare_decode(step)``: vLLM's own tensors, no plan
+    and no host copy. With speculative decoding (``num_accepted_tokens`` given) the
+    decode rows carry ``1 .. 1 + num_spec`` tokens each, which the planner's decode rows
+    cannot: the prefill rows are planned alone (:func:`_spec_metadata`). A step with prefill rows is planned in vLLM's row order (the
+    step's class declares it) with align-mode checkpoints as the planner's track rows at
+    vLLM's positions, and the planned forward carries every field of the step. Either way
+    the result is ``Mamba2Metadata.evolve_from`` of a :class:`VllmMamba2Step`.
 
     Raises
     ------
     ValueError
         The step breaks a rule of the planner (the message names it).
-    TrackRuleError
-        A checkpoint position the planner's rule cannot express (interim).
     """
-    if step.num_prefills == 0:
-        return prepare_decode(_decode_forward(step))
-    order = row_order(step)
-    slots = _host_slots(step.state_indices[:, 0])
-    ext, pre = step.query_lens, step.computed_lens
-    if order is not None:
-        slots, ext, pre = slots[order], ext[order], pre[order]
-    track = _track_rows(step, order.tolist() if order is not None else range(step.num_rows))
+    if step.num_decode_rows == step.query_lens.shape[0]:
+        return prepare_decode(step)
+    if step.num_accepted_tokens is not None:
+        return _spec_metadata(step)
     return plan_mixed_batch(
-        extend_lens=ext,
-        prefix_lens=pre,
-        slots=slots,
-        num_decodes=step.num_decodes,
+        extend_lens=step.query_lens,
+        prefix_lens=step.computed_lens,
+        slots=_host_slots(step.mamba_cache_indices),
+        num_decodes=step.num_decode_rows,
         chunk_size=step.chunk_size,
         conv_kernel=step.conv_kernel,
-        track_interval=step.checkpoint_interval if track is not None else None,
-        track_mask=track[0] if track is not None else None,
-        track_slots=track[1] if track is not None else None,
         device=step.query_start_loc.device,
+        forward_cls=type(step),
+        engine={name: getattr(step, name) for name in _VLLM_FIELDS},
+        **_track_rows(step),
+    )
+
+
+def _spec_metadata(step: VllmMamba2Step) -> Mamba2Metadata:
+    """A speculative step with prefill rows: the prefill rows planned on their own (their
+    plan, ``MixedMetadata``, covers the prefill rows and their tokens alone), then
+    ``Mamba2Metadata.evolve_from(step, ...)`` over every row of the step.
+
+    The decode rows' tokens are the first ``num_decode_tokens`` (varlen: the metadata's
+    ``decode_tokens()`` assumes one token a decode row, docs/vllm_api_needs.md item 9);
+    the layer reads them, their blocks and accepted counts from the metadata's vLLM
+    fields. Align-mode checkpoints are not served with speculative decoding (the builder
+    refuses the pair at engine start).
+    """
+    if step.checkpoint_offsets is not None and any(step.checkpoint_offsets):
+        raise NotImplementedError(
+            "mamba2_metadata: align-mode checkpoints with speculative decoding are not served "
+            "yet (docs/vllm.md, 'Not supported yet')"
+        )
+    nd = step.num_decode_rows
+    hp = plan_host(
+        extend_lens=step.query_lens[nd:],
+        prefix_lens=step.computed_lens[nd:],
+        slots=_host_slots(step.mamba_cache_indices[nd:]),
+        num_decodes=0,
+        chunk_size=step.chunk_size,
+        conv_kernel=step.conv_kernel,
+    )
+    views = to_device_packed(hp.arrays, step.query_start_loc.device, as_bool=BOOL_PARTS)
+    mixed = hp.metadata(views).mixed
+    return Mamba2Metadata.evolve_from(
+        step,
+        num_prefills=hp.num_prefills,
+        num_prefill_tokens=hp.num_prefill_tokens,
+        num_decodes=nd,
+        mixed=mixed,
     )

@@ -35,7 +35,7 @@ from vllm.model_executor.layers.mamba.mamba_utils import (  # type: ignore[impor
 )
 
 from hybridmeta.integrations.vllm.layer import LayerShape, conv_ssm
-from hybridmeta.integrations.vllm.metadata import VllmForward
+from hybridmeta.model import Mamba2Metadata
 
 __all__ = ["HybridMambaMixer2"]
 
@@ -53,13 +53,13 @@ class HybridMambaMixer2(MambaMixer2):  # type: ignore[misc]
         order (decode rows first); the states live in this layer's ``kv_cache``.
         """
         raw = get_forward_context().attn_metadata
-        fwd = raw.get(self.prefix) if isinstance(raw, dict) else None
-        if fwd is None:
+        md = raw.get(self.prefix) if isinstance(raw, dict) else None
+        if md is None:
             return  # vLLM's profile run: no metadata, no state (vLLM's layer returns too)
-        if not isinstance(fwd, VllmForward):
+        if not isinstance(md, Mamba2Metadata):
             raise TypeError(
                 f"hybridmeta MambaMixer2 {self.prefix}: the layer's attention metadata is a "
-                f"{type(fwd).__name__}, not the hybridmeta backend's VllmForward; is the "
+                f"{type(md).__name__}, not the hybridmeta backend's Mamba2Metadata; is the "
                 "hybridmeta Mamba2 backend registered (HYBRIDMETA_VLLM=1)?"
             )
         if not HybridMambaMixer2._announced:
@@ -79,7 +79,7 @@ class HybridMambaMixer2(MambaMixer2):  # type: ignore[misc]
         conv = self.kv_cache[0]
         conv_state = conv if is_conv_state_dim_first() else conv.transpose(-1, -2)
         conv_ssm(
-            fwd.md, xbc, dt, output, conv_state=conv_state, ssm_state=self.kv_cache[1],
+            md, xbc, dt, output, conv_state=conv_state, ssm_state=self.kv_cache[1],
             conv_weight=self.conv_weights, conv_bias=self.conv1d.bias, A=self.A, D=self.D,
             dt_bias=self.dt_bias, shape=self.hybridmeta_shape,
         )  # fmt: skip
