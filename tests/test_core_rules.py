@@ -271,7 +271,9 @@ def test_derived_fields_take_no_default_in_any_spelling() -> None:
         with pytest.raises(
             TypeError,
             match=_LOCAL + r"_D\.x: a field of a derived metadata class takes no default; evolve_from "
-            r"requires it \(pass None explicitly for an optional one\)$",
+            r"requires it \(pass None explicitly for an optional one\); to add your engine's own "
+            r"fields to " + _L + r"_Src \(built directly, defaults allowed\), declare the class "
+            r"with @metadata\(extension=True\)$",
         ):
 
             @metadata
@@ -335,7 +337,8 @@ def test_a_derived_class_is_not_constructed_directly() -> None:
         TypeError,
         match=_LOCAL + r"_HostOnly is derived from " + _L + r"_Src and cannot be constructed "
         r"directly: use " + _L + r"_HostOnly\.evolve_from\(source, \.\.\.\), which copies every "
-        + _L + r"_Src field unless you change it$",
+        + _L + r"_Src field unless you change it \(to add your engine's own fields to " + _L
+        + r"_Src and build it directly, declare the subclass with @metadata\(extension=True\)\)$",
     ):
         _HostOnly(slots=_ids(0), label="x", extra=1, note="n")
 
