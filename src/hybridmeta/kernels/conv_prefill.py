@@ -161,8 +161,8 @@ def causal_conv1d_prefill(
             f"{_OP}: the metadata's slots must be on the pool's device {dev}, got {slots.device}"
         )
     pad = pad_slot_of(md)
-    keys, _, _ = prefill_slot_faults(num_slots, pad, slots)
     if is_debug() or (dev.type == "cpu" and not observed(conv_state)):
+        keys, _, _ = prefill_slot_faults(num_slots, pad, slots)
         host_check(_OP, keys, pad, num_slots)
 
     run = torch.ops.hybridmeta.causal_conv1d_prefill if observed(conv_state) else _conv_prefill_impl
