@@ -8,6 +8,8 @@ the pool lands in memory the test can see.
 
 from __future__ import annotations
 
+import contextlib
+
 from collections.abc import Callable
 from typing import Any
 
@@ -213,15 +215,18 @@ def test_commit_of_the_count_instead_of_the_index_is_refused(impl: Impl) -> None
     )
 
 
+@pytest.mark.parametrize("debug", [False, True])
 @pytest.mark.parametrize("impl", ["triton", "reference"])
-def test_a_track_slot_that_is_another_rows_working_slot_is_refused_in_debug_mode(
-    impl: Impl,
+def test_a_track_slot_that_is_another_rows_working_slot_is_refused(
+    impl: Impl, debug: bool
 ) -> None:
-    """The two implementations disagreed on it (a race in the kernel). It has no defined
-    result; debug mode refuses it by name (docs/kernels.md, "Write collisions")."""
+    """The two implementations disagreed on it (a race in the kernel): it has no defined
+    result. Where the ids are on the host (CPU tensors) it is refused by name, debug mode
+    or not, before anything is written (docs/kernels.md, "Write collisions"); was: refused
+    in debug mode only."""
     big = torch.randn(S + 2, H, P, N)
     a = _ssm_inputs(2)
-    with debug_mode():
+    with debug_mode() if debug else contextlib.nullcontext():
         _refused(
             lambda: ssm_state_update(
                 big[:S], **a, state_indices=torch.tensor([1, 2]),
@@ -232,6 +237,23 @@ def test_a_track_slot_that_is_another_rows_working_slot_is_refused_in_debug_mode
             big,
             exc=ValueError,
         )  # fmt: skip
+
+
+@pytest.mark.parametrize("impl", ["triton", "reference"])
+def test_a_commit_whose_track_slot_is_another_rows_working_slot_is_refused(impl: Impl) -> None:
+    """spec_commit's counterpart, outside debug mode (host-known ids): row 1's track copy
+    would land in the slot row 0 commits into."""
+    a = _commit_args([1, 0])
+    bufs = a.pop("_bufs")
+    _refused(
+        lambda: spec_commit(
+            **a, track_indices=torch.tensor([3, 0]), track_mask=torch.tensor([False, True]),
+            track_token=torch.tensor([0, 0]), impl=impl,
+        ),
+        r"slot 0 is written twice",
+        *bufs,
+        exc=ValueError,
+    )  # fmt: skip
 
 
 def test_vllm_pad_zero_keeps_slot_zero_a_null_slot() -> None:

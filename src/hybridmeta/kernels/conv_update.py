@@ -101,12 +101,6 @@ def _conv_update_kernel(
     slot = tl.load(slot_ptr + o_b, mask=m_b, other=0).to(tl.int64)  # [R]
     ok = m_b & valid_slot(slot, pad_id, n_slots)  # [R] live rows
     bad = m_b & (slot != pad_id) & (ok == 0)  # [R] invalid ids: no state, NaN output
-    if i_c == 0:
-        # One report per bad row (the program of the first channel block): the least row.
-        r_bad = tl.min(tl.where(bad, o_b, bs), axis=0)
-        if r_bad < bs:
-            v_bad = tl.sum(tl.where(o_b == r_bad, slot, 0), axis=0)
-            report(err_ptr, _TAG, r_bad, 0, v_bad, pad_id, n_slots)
     o_c = i_c * BLOCK_C + tl.arange(0, BLOCK_C)  # [C]
     o_k = tl.arange(0, BLOCK_K)  # [K]
     m_c = o_c < dim
@@ -150,6 +144,13 @@ def _conv_update_kernel(
     # Window column j (1 <= j <= WIDTH-1) becomes state column j-1.
     m_new = m_live[:, :, None] & (o_k[None, None, :] >= 1) & (o_k[None, None, :] < WIDTH)
     tl.store(p_s - stride_cs_w, b_win.to(conv_state_ptr.dtype.element_ty), mask=m_new)
+    if i_c == 0:
+        # One report per bad row (the program of the first channel block): the least row.
+        # After the stores: an outlined call before the loads serialises them.
+        r_bad = tl.min(tl.where(bad, o_b, bs), axis=0)
+        if r_bad < bs:
+            v_bad = tl.sum(tl.where(o_b == r_bad, slot, 0), axis=0)
+            report(err_ptr, _TAG, r_bad, 0, v_bad, pad_id, n_slots)
 
 
 def launch_conv_update(

@@ -27,7 +27,7 @@ from hybridmeta._interpret import launchable
 from hybridmeta.debug import is_debug
 from hybridmeta.kernels._config import ConvLaunchConfig, cdiv, conv_launch_config, pow2_ceil
 from hybridmeta.kernels._dispatch import Impl, no_output_fake, observed, on_device, resolve
-from hybridmeta.kernels._errors import NO_FAULT, TAG, record_, record_for
+from hybridmeta.kernels._errors import NO_FAULT, TAG, record_, record_for, report_key
 from hybridmeta.kernels._math import conv_step
 from hybridmeta.kernels._validate import (
     FLOAT_DTYPES,
@@ -105,10 +105,11 @@ def _conv_verify_kernel(
     i_b = tl.program_id(2).to(tl.int64)
     slot = tl.load(slot_ptr + i_b).to(tl.int64)
     # A pad row, a row with an invalid id (NaN output) or a column past the live count:
-    # bound 0, so no state is read or stored. One program of the row reports a fault.
-    _live, bad, n_live = verify_row_check(
-        i_b, slot, ndraft_ptr, parent_ptr, err_ptr, T, pad_id, n_slots, stride_par_b,
-        stride_par_t, (i_c == 0) & (i_t == 0), _TAG, HAS_PARENT, HAS_NDRAFT,
+    # bound 0, so no state is read or stored. One program of the row reports a fault, after
+    # its stores.
+    _live, bad, n_live, key, bound = verify_row_check(
+        i_b, slot, ndraft_ptr, parent_ptr, T, pad_id, n_slots, stride_par_b, stride_par_t,
+        HAS_PARENT, HAS_NDRAFT,
     )  # fmt: skip
     lim_c = tl.where(i_t < n_live, dim, 0)
 
@@ -187,6 +188,8 @@ def _conv_verify_kernel(
         b_win.to(inter_ptr.dtype.element_ty),
         mask=m_new,
     )
+    if bad & (i_c == 0) & (i_t == 0):
+        report_key(err_ptr, _TAG, key, pad_id, bound)
 
 
 def launch_conv_verify(

@@ -51,12 +51,14 @@ from hybridmeta.kernels._dispatch import Impl, no_output_fake, observed, resolve
 from hybridmeta.kernels._errors import (
     MAX_ROWS,
     NO_FAULT,
+    NO_KEY,
     TAG,
+    fault_key,
     fault_keys,
     host_check,
     record_,
     record_for,
-    report,
+    report_key,
     valid_slot,
 )
 from hybridmeta.kernels._launch import DirectLauncher, device_capacity
@@ -109,14 +111,15 @@ def _row_slots(
     n_slots: tl.tensor,
     HAS_DST: tl.constexpr,
     HAS_TRACK: tl.constexpr,
-) -> tuple[tl.tensor, tl.tensor, tl.tensor, tl.tensor, tl.tensor, tl.tensor, tl.tensor]:
+) -> tuple[tl.tensor, tl.tensor, tl.tensor, tl.tensor, tl.tensor, tl.tensor, tl.tensor, tl.tensor]:
     """Row ``i_b``'s slots (int64) and what it may do, per-row scalars only.
 
-    Returns ``(src, dst, trk, live, write, track, bad)``: ``live`` the row reads its source
+    Returns ``(src, dst, trk, live, write, track, bad, key)``: ``live`` the row reads its source
     slot, ``write`` / ``track`` it stores into ``dst`` / ``trk``, ``bad`` it holds an id that
     is neither the pad id nor a valid slot (its source, its destination, or its track slot
-    when flagged): such a row reads and writes no state, its output is NaN, and the fault
-    goes to the error record (a pad row's other ids are never looked at).
+    when flagged): such a row reads and writes no state, its output is NaN, and the caller
+    reports ``key`` (its :func:`fault_key`, ``NO_KEY`` for a row without a fault) to the
+    error record after its stores (a pad row's other ids are never looked at).
     """
     src = tl.load(src_ptr + i_b).to(tl.int64)
     src_ok = valid_slot(src, pad_id, n_slots)
@@ -138,13 +141,18 @@ def _row_slots(
     else:
         trk = src
         trk_ok = src_ok & (src_ok == 0)
-    if bad:
-        report(
-            err_ptr, _TAG, i_b, tl.where(src_ok, tl.where(bad_dst, 1, 2), 0),
-            tl.where(src_ok, tl.where(bad_dst, dst, trk), src), pad_id, n_slots,
-        )  # fmt: skip
+    # The fault's key only (no report here: a report before the row's loads serialises
+    # them behind the slot loads; the caller reports after its stores).
+    key = tl.where(
+        bad,
+        fault_key(
+            i_b, tl.where(src_ok, tl.where(bad_dst, 1, 2), 0),
+            tl.where(src_ok, tl.where(bad_dst, dst, trk), src),
+        ),
+        NO_KEY,
+    )  # fmt: skip
     live = src_ok & (bad == 0)
-    return src, dst, trk, live, live & dst_ok, live & trk_ok, bad
+    return src, dst, trk, live, live & dst_ok, live & trk_ok, bad, key
 
 
 @triton.jit(do_not_specialize=["bs", "rows_per_prog", "pad_id", "n_slots"])
@@ -221,6 +229,10 @@ def _ssm_update_kernel(
     o_out = i_h * stride_o_h + o_p * stride_o_p  # [BP]
 
     b_A = tl.load(A_ptr + i_h).to(tl.float32)  # per head: once per program
+    # The least fault key of the program's rows, reported once after the walk: a report
+    # (an outlined call) inside the walk would keep the compiler from moving the next
+    # row's loads ahead of it.
+    k_bad = tl.full([], NO_KEY, tl.int64)
 
     for r0 in tl.range(row0, row_end, ROW_BLOCK):
         r1 = tl.minimum(r0 + ROW_BLOCK, row_end)
@@ -248,7 +260,7 @@ def _ssm_update_kernel(
             # The row body is the one-program-per-row kernel of docs/kernels.md: every load
             # issued at once, the row's liveness folded into the masks (a pad row's state
             # masks are empty: no state byte moves), no branch around the loads.
-            src, dst, trk, live, m_write, m_track, bad = _row_slots(
+            src, dst, trk, live, m_write, m_track, bad, key = _row_slots(
                 b, src_ptr, dst_ptr, track_idx_ptr, track_mask_ptr, err_ptr, pad_id, n_slots,
                 HAS_DST, HAS_TRACK,
             )  # fmt: skip
@@ -312,6 +324,9 @@ def _ssm_update_kernel(
                     b_new,
                     mask=(o_p < lim_track)[:, None] & m_n[None, :],
                 )
+            k_bad = tl.minimum(k_bad, key)
+    if k_bad != NO_KEY:
+        report_key(err_ptr, _TAG, k_bad, pad_id, n_slots)
 
 
 _LAUNCHER = DirectLauncher(_ssm_update_kernel)
@@ -490,7 +505,7 @@ def _ssm_tile_row(
     row's state masks are empty: no state byte moves), no branch around the loads."""
     i_g = i_h // heads_per_group
 
-    src, dst, trk, live, m_write, m_track, bad = _row_slots(
+    src, dst, trk, live, m_write, m_track, bad, key = _row_slots(
         i_b, src_ptr, dst_ptr, track_idx_ptr, track_mask_ptr, err_ptr, pad_id, n_slots,
         HAS_DST, HAS_TRACK,
     )  # fmt: skip
@@ -560,6 +575,9 @@ def _ssm_tile_row(
             b_new,
             mask=(o_p < lim_track)[:, None] & m_n[None, :],
         )
+    if bad:
+        # After the stores: an outlined call before the loads serialises them.
+        report_key(err_ptr, _TAG, key, pad_id, n_slots)
 
 
 @triton.jit(noinline=True)
@@ -1187,7 +1205,7 @@ def ssm_state_update(
     if is_debug() or (not seen and state.device.type == "cpu"):
         _check_ssm_ids(
             op, state.shape[0], pad_slot_id, state_indices, dst_indices, track_indices,
-            track_mask, collisions=is_debug(),
+            track_mask, collisions=True,
         )  # fmt: skip
     if out is None:
         out = torch.empty_like(x)

@@ -33,11 +33,12 @@ from hybridmeta.kernels._errors import (
     NO_FAULT,
     TAG,
     SlotIndexError,
+    fault_key,
     fault_keys,
     least_fault,
     record_,
     record_for,
-    report,
+    report_key,
     valid_slot,
 )
 from hybridmeta.kernels._math import discretize, ssm_step
@@ -94,23 +95,22 @@ def verify_row_check(
     src: tl.tensor,
     ndraft_ptr: tl.tensor,
     parent_ptr: tl.tensor,
-    err_ptr: tl.tensor,
     T: tl.tensor,
     pad_id: tl.tensor,
     n_slots: tl.tensor,
     stride_par_b: tl.tensor,
     stride_par_t: tl.tensor,
-    REPORT: tl.tensor,
-    TAG_: tl.constexpr,
     HAS_PARENT: tl.constexpr,
     HAS_NDRAFT: tl.constexpr,
-) -> tuple[tl.tensor, tl.tensor, tl.tensor]:
+) -> tuple[tl.tensor, tl.tensor, tl.tensor, tl.tensor, tl.tensor]:
     """A verify row's ids judged (per-row scalars; shared by the SSM and conv verify).
 
-    Returns ``(live, bad, n_live)``: the row reads its working slot (``src`` valid, its
-    live count in ``[0, T]``, every live column's parent ``-1`` or an earlier column),
-    it holds an invalid id (NaN output, nothing stored, recorded when ``REPORT``), and its
-    live columns (``0`` unless ``live``).
+    Returns ``(live, bad, n_live, key, bound)``: the row reads its working slot (``src``
+    valid, its live count in ``[0, T]``, every live column's parent ``-1`` or an earlier
+    column), it holds an invalid id (NaN output, nothing stored), its live columns (``0``
+    unless ``live``), and the fault's :func:`fault_key` and bound, which one program of the
+    row reports (:func:`report_key`) after its stores: a report here, before the row's
+    loads, would serialise them behind it.
     """
     src_ok = valid_slot(src, pad_id, n_slots)
     bad_s = (src != pad_id) & (src_ok == 0)
@@ -131,14 +131,12 @@ def verify_row_check(
             v_p = tl.where(here & (bad_p == 0), par, v_p)
             bad_p = bad_p | here
     bad = bad_s | bad_n | bad_p
-    if bad & REPORT:
-        report(
-            err_ptr, TAG_, i_b, tl.where(bad_s, 0, tl.where(bad_n, 1, 2)),
-            tl.where(bad_s, src, tl.where(bad_n, n_live, v_p)), pad_id,
-            tl.where(bad_s, n_slots, T64),
-        )  # fmt: skip
+    key = fault_key(
+        i_b, tl.where(bad_s, 0, tl.where(bad_n, 1, 2)),
+        tl.where(bad_s, src, tl.where(bad_n, n_live, v_p)),
+    )  # fmt: skip
     live = src_ok & (bad == 0)
-    return live, bad, tl.where(live, n_live, 0)
+    return live, bad, tl.where(live, n_live, 0), key, tl.where(bad_s, n_slots, T64)
 
 
 # T and the parent array's row stride (T when dense) are runtime values: a new draft
@@ -216,10 +214,11 @@ def _ssm_verify_kernel(
 
     src = tl.load(src_ptr + i_b).to(tl.int64)
     # A pad row has no live column: nothing is read or stored, its output is zero; a row
-    # with an invalid id neither (its output is NaN). One program of the row reports it.
-    live, bad, n_live = verify_row_check(
-        i_b, src, ndraft_ptr, parent_ptr, err_ptr, T, pad_id, n_slots, stride_par_b,
-        stride_par_t, (i_p == 0) & (i_h == 0), _TAG, HAS_PARENT, HAS_NDRAFT,
+    # with an invalid id neither (its output is NaN). One program of the row reports it,
+    # after its stores.
+    live, bad, n_live, key, bound = verify_row_check(
+        i_b, src, ndraft_ptr, parent_ptr, T, pad_id, n_slots, stride_par_b, stride_par_t,
+        HAS_PARENT, HAS_NDRAFT,
     )  # fmt: skip
     # Row predicates enter masks as a bound on the headdim offset (a pad row's bound is 0):
     # the Triton interpreter mistypes `block_mask & scalar_mask`.
@@ -321,6 +320,8 @@ def _ssm_verify_kernel(
         # Carry what was stored: the next token starts from the state a sequential update
         # would read back from the pool.
         b_s = b_new.to(tl.float32)
+    if bad & (i_p == 0) & (i_h == 0):
+        report_key(err_ptr, _TAG, key, pad_id, bound)
 
 
 def launch_ssm_verify(
