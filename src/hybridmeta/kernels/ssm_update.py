@@ -51,14 +51,12 @@ from hybridmeta.kernels._dispatch import Impl, no_output_fake, observed, resolve
 from hybridmeta.kernels._errors import (
     MAX_ROWS,
     NO_FAULT,
-    NO_KEY,
     TAG,
-    fault_key,
     fault_keys,
     host_check,
     record_,
     record_for,
-    report_key,
+    report,
     valid_slot,
 )
 from hybridmeta.kernels._launch import DirectLauncher, device_capacity
@@ -106,20 +104,20 @@ def _row_slots(
     dst_ptr: tl.tensor,
     track_idx_ptr: tl.tensor,
     track_mask_ptr: tl.tensor,
-    err_ptr: tl.tensor,
     pad_id: tl.tensor,
     n_slots: tl.tensor,
     HAS_DST: tl.constexpr,
     HAS_TRACK: tl.constexpr,
-) -> tuple[tl.tensor, tl.tensor, tl.tensor, tl.tensor, tl.tensor, tl.tensor, tl.tensor, tl.tensor]:
+) -> tuple[tl.tensor, tl.tensor, tl.tensor, tl.tensor, tl.tensor, tl.tensor, tl.tensor]:
     """Row ``i_b``'s slots (int64) and what it may do, per-row scalars only.
 
-    Returns ``(src, dst, trk, live, write, track, bad, key)``: ``live`` the row reads its source
+    Returns ``(src, dst, trk, live, write, track, bad)``: ``live`` the row reads its source
     slot, ``write`` / ``track`` it stores into ``dst`` / ``trk``, ``bad`` it holds an id that
     is neither the pad id nor a valid slot (its source, its destination, or its track slot
-    when flagged): such a row reads and writes no state, its output is NaN, and the caller
-    reports ``key`` (its :func:`fault_key`, ``NO_KEY`` for a row without a fault) to the
-    error record after its stores (a pad row's other ids are never looked at).
+    when flagged): such a row reads and writes no state and its output is NaN; the caller
+    reports it (:func:`_report_row`) after its stores (a pad row's other ids are never
+    looked at). Only the predicates are on the hot path: the fault's field and value are
+    worked out again by the report, off it.
     """
     src = tl.load(src_ptr + i_b).to(tl.int64)
     src_ok = valid_slot(src, pad_id, n_slots)
@@ -127,12 +125,10 @@ def _row_slots(
     if HAS_DST:
         dst = tl.load(dst_ptr + i_b).to(tl.int64)
         dst_ok = valid_slot(dst, pad_id, n_slots)
-        bad_dst = src_ok & (dst != pad_id) & (dst_ok == 0)
-        bad = bad | bad_dst
+        bad = bad | (src_ok & (dst != pad_id) & (dst_ok == 0))
     else:
         dst = src
         dst_ok = src_ok
-        bad_dst = src_ok & (src_ok == 0)
     if HAS_TRACK:
         flag = tl.load(track_mask_ptr + i_b) != 0
         trk = tl.load(track_idx_ptr + i_b).to(tl.int64)
@@ -141,18 +137,41 @@ def _row_slots(
     else:
         trk = src
         trk_ok = src_ok & (src_ok == 0)
-    # The fault's key only (no report here: a report before the row's loads serialises
-    # them behind the slot loads; the caller reports after its stores).
-    key = tl.where(
-        bad,
-        fault_key(
-            i_b, tl.where(src_ok, tl.where(bad_dst, 1, 2), 0),
-            tl.where(src_ok, tl.where(bad_dst, dst, trk), src),
-        ),
-        NO_KEY,
-    )  # fmt: skip
     live = src_ok & (bad == 0)
-    return src, dst, trk, live, live & dst_ok, live & trk_ok, bad, key
+    return src, dst, trk, live, live & dst_ok, live & trk_ok, bad
+
+
+@triton.jit
+def _report_row(
+    i_b: tl.tensor,
+    src_ptr: tl.tensor,
+    dst_ptr: tl.tensor,
+    track_idx_ptr: tl.tensor,
+    track_mask_ptr: tl.tensor,
+    err_ptr: tl.tensor,
+    pad_id: tl.tensor,
+    n_slots: tl.tensor,
+    HAS_DST: tl.constexpr,
+    HAS_TRACK: tl.constexpr,
+) -> None:
+    """Report the fault of row ``i_b`` (a row :func:`_row_slots` found bad): its first bad
+    id (source, then destination, then track slot), read again. Called after the kernel's
+    stores, in a branch taken only on a fault."""
+    src = tl.load(src_ptr + i_b).to(tl.int64)
+    src_ok = valid_slot(src, pad_id, n_slots)
+    field = tl.where(src_ok, 2, 0)
+    value = src
+    if HAS_DST:
+        dst = tl.load(dst_ptr + i_b).to(tl.int64)
+        bad_dst = src_ok & (dst != pad_id) & (valid_slot(dst, pad_id, n_slots) == 0)
+        field = tl.where(bad_dst, 1, field)
+        value = tl.where(bad_dst, dst, value)
+    else:
+        bad_dst = src_ok & (src_ok == 0)
+    if HAS_TRACK:
+        trk = tl.load(track_idx_ptr + i_b).to(tl.int64)
+        value = tl.where(src_ok & (bad_dst == 0), trk, value)
+    report(err_ptr, _TAG, i_b, field, value, pad_id, n_slots)
 
 
 @triton.jit(do_not_specialize=["bs", "rows_per_prog", "pad_id", "n_slots"])
@@ -229,10 +248,10 @@ def _ssm_update_kernel(
     o_out = i_h * stride_o_h + o_p * stride_o_p  # [BP]
 
     b_A = tl.load(A_ptr + i_h).to(tl.float32)  # per head: once per program
-    # The least fault key of the program's rows, reported once after the walk: a report
-    # (an outlined call) inside the walk would keep the compiler from moving the next
-    # row's loads ahead of it.
-    k_bad = tl.full([], NO_KEY, tl.int64)
+    # The least bad row of the program, reported once after the walk (the record keeps the
+    # least row): a report (an outlined call) inside the walk would keep the compiler from
+    # moving the next row's loads ahead of it.
+    r_bad = row_end
 
     for r0 in tl.range(row0, row_end, ROW_BLOCK):
         r1 = tl.minimum(r0 + ROW_BLOCK, row_end)
@@ -260,9 +279,9 @@ def _ssm_update_kernel(
             # The row body is the one-program-per-row kernel of docs/kernels.md: every load
             # issued at once, the row's liveness folded into the masks (a pad row's state
             # masks are empty: no state byte moves), no branch around the loads.
-            src, dst, trk, live, m_write, m_track, bad, key = _row_slots(
-                b, src_ptr, dst_ptr, track_idx_ptr, track_mask_ptr, err_ptr, pad_id, n_slots,
-                HAS_DST, HAS_TRACK,
+            src, dst, trk, live, m_write, m_track, bad = _row_slots(
+                b, src_ptr, dst_ptr, track_idx_ptr, track_mask_ptr, pad_id, n_slots, HAS_DST,
+                HAS_TRACK,
             )  # fmt: skip
             # Row predicates enter masks as a bound on the headdim offset (a pad row's bound
             # is 0): the Triton interpreter mistypes `block_mask & scalar_mask`.
@@ -324,9 +343,12 @@ def _ssm_update_kernel(
                     b_new,
                     mask=(o_p < lim_track)[:, None] & m_n[None, :],
                 )
-            k_bad = tl.minimum(k_bad, key)
-    if k_bad != NO_KEY:
-        report_key(err_ptr, _TAG, k_bad, pad_id, n_slots)
+            r_bad = tl.minimum(r_bad, tl.where(bad, b, row_end))
+    if r_bad < row_end:
+        _report_row(
+            r_bad, src_ptr, dst_ptr, track_idx_ptr, track_mask_ptr, err_ptr, pad_id, n_slots,
+            HAS_DST, HAS_TRACK,
+        )  # fmt: skip
 
 
 _LAUNCHER = DirectLauncher(_ssm_update_kernel)
@@ -505,9 +527,9 @@ def _ssm_tile_row(
     row's state masks are empty: no state byte moves), no branch around the loads."""
     i_g = i_h // heads_per_group
 
-    src, dst, trk, live, m_write, m_track, bad, key = _row_slots(
-        i_b, src_ptr, dst_ptr, track_idx_ptr, track_mask_ptr, err_ptr, pad_id, n_slots,
-        HAS_DST, HAS_TRACK,
+    src, dst, trk, live, m_write, m_track, bad = _row_slots(
+        i_b, src_ptr, dst_ptr, track_idx_ptr, track_mask_ptr, pad_id, n_slots, HAS_DST,
+        HAS_TRACK,
     )  # fmt: skip
     # Row predicates enter masks as a bound on the headdim offset (a pad row's bound is 0):
     # the Triton interpreter mistypes `block_mask & scalar_mask`.
@@ -577,7 +599,10 @@ def _ssm_tile_row(
         )
     if bad:
         # After the stores: an outlined call before the loads serialises them.
-        report_key(err_ptr, _TAG, key, pad_id, n_slots)
+        _report_row(
+            i_b, src_ptr, dst_ptr, track_idx_ptr, track_mask_ptr, err_ptr, pad_id, n_slots,
+            HAS_DST, HAS_TRACK,
+        )  # fmt: skip
 
 
 @triton.jit(noinline=True)
