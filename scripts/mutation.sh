@@ -27,6 +27,11 @@
 #                 or "survivors": those not killed in the last run (survived, no tests,
 #                 timeout)
 #   MUTATION_CHILDREN  parallel mutants (default 1: a shared machine)
+#   MUTATION_PREPARE=1  only make each module's folder and stop (to run it on a bigger
+#                 machine: `cd <folder> && TRITON_INTERPRET=1 HYPOTHESIS_PROFILE=ci \
+#                 CUDA_VISIBLE_DEVICES= mutmut run --max-children N && mutmut results --all
+#                 true > results.txt`; put that results.txt back in the folder here, and
+#                 MUTATION_KEEP=1 MUTATION_ONLY=survivors reruns what it left)
 set -euo pipefail
 
 root=$(git rev-parse --show-toplevel)
@@ -94,6 +99,10 @@ EOF
     mapfile -t only < <(awk -F': ' 'NF == 2 && $2 != "killed" {sub(/^ +/, "", $1); print $1}' "$dir/results.txt")
   elif [[ -n ${MUTATION_ONLY:-} ]]; then
     read -r -a only <<<"$MUTATION_ONLY"
+  fi
+  if [[ ${MUTATION_PREPARE:-0} == 1 ]]; then
+    echo "prepared $m in $dir"
+    continue
   fi
   echo "=== $m: ${sources[*]} <- ${tests[*]} ($dir)${only:+, ${#only[@]} mutant name(s)/glob(s)}"
   start=$SECONDS

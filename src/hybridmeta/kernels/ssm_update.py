@@ -248,10 +248,6 @@ def _ssm_update_kernel(
     o_out = i_h * stride_o_h + o_p * stride_o_p  # [BP]
 
     b_A = tl.load(A_ptr + i_h).to(tl.float32)  # per head: once per program
-    # The least bad row of the program, reported once after the walk (the record keeps the
-    # least row): a report (an outlined call) inside the walk would keep the compiler from
-    # moving the next row's loads ahead of it.
-    r_bad = row_end
 
     for r0 in tl.range(row0, row_end, ROW_BLOCK):
         r1 = tl.minimum(r0 + ROW_BLOCK, row_end)
@@ -283,6 +279,16 @@ def _ssm_update_kernel(
                 b, src_ptr, dst_ptr, track_idx_ptr, track_mask_ptr, pad_id, n_slots, HAS_DST,
                 HAS_TRACK,
             )  # fmt: skip
+            # Here the report comes before the row's loads: on the H200 the row walk
+            # measured 1.01x the unchecked kernel so, against 1.03x with the report after
+            # the stores and 1.05x with the least bad row carried through the walk and
+            # reported once (docs/perf_notes.md, "Round 3"). The one-row tile path reports
+            # after its stores instead (there that measured 0.99x against 1.02-1.10x).
+            if bad:
+                _report_row(
+                    b, src_ptr, dst_ptr, track_idx_ptr, track_mask_ptr, err_ptr, pad_id,
+                    n_slots, HAS_DST, HAS_TRACK,
+                )  # fmt: skip
             # Row predicates enter masks as a bound on the headdim offset (a pad row's bound
             # is 0): the Triton interpreter mistypes `block_mask & scalar_mask`.
             lim_read = tl.where(live, headdim, 0)
@@ -343,12 +349,6 @@ def _ssm_update_kernel(
                     b_new,
                     mask=(o_p < lim_track)[:, None] & m_n[None, :],
                 )
-            r_bad = tl.minimum(r_bad, tl.where(bad, b, row_end))
-    if r_bad < row_end:
-        _report_row(
-            r_bad, src_ptr, dst_ptr, track_idx_ptr, track_mask_ptr, err_ptr, pad_id, n_slots,
-            HAS_DST, HAS_TRACK,
-        )  # fmt: skip
 
 
 _LAUNCHER = DirectLauncher(_ssm_update_kernel)
