@@ -322,14 +322,28 @@ def test_default_backend_on_cuda_is_real_graphs() -> None:
     assert isinstance(default_backend("cuda"), CudaGraphBackend)
 
 
-def test_warmup_defaults_to_one_eager_run() -> None:
-    count = torch.zeros(1)
+def test_warmup_defaults_to_one_eager_run(backend: GraphBackend) -> None:
+    count = torch.zeros(1, device=backend.device)
 
     def fn() -> None:
         count.add_(1)
 
-    EmulatedGraphBackend().capture(fn)
-    assert count.tolist() == [2.0]  # one warm-up run and the capture run
+    backend.capture(fn)
+    # One warm-up run; the emulated capture runs the step once more, a CUDA capture
+    # records its kernels without running them.
+    assert count.tolist() == [2.0 if backend.name == "emulated" else 1.0]
+
+
+@pytest.mark.gpu
+def test_graphs_of_one_cuda_backend_share_one_pool() -> None:
+    backend = CudaGraphBackend("cuda")
+    x = torch.ones(4, device="cuda")
+    first = backend.capture(lambda: x * 2)
+    second = backend.capture(lambda: x + 1)
+    pool = getattr(first, "_graph").pool()  # noqa: B009 - the CUDAGraph behind the handle
+    assert getattr(second, "_graph").pool() == pool  # noqa: B009
+    other = CudaGraphBackend("cuda").capture(lambda: x - 1)
+    assert getattr(other, "_graph").pool() != pool  # noqa: B009 - a backend per pool
 
 
 def test_canonical_device_gives_a_bare_cuda_the_current_index(
