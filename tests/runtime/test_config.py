@@ -4,13 +4,26 @@ from __future__ import annotations
 
 import json
 import math
+import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
+import torch
+from safetensors.torch import load_file
 
-from hybridmeta.runtime.config import ConfigError, NemotronHConfig, as_float, read_config
-from hybridmeta.runtime.tiny import tiny_config
+from hybridmeta.runtime.config import (
+    MAX_SIZE,
+    ConfigError,
+    NemotronHConfig,
+    as_float,
+    check_regular_file,
+    read_config,
+    read_json,
+)
+from hybridmeta.runtime.tiny import tiny_config, write_tiny_checkpoint
 
 
 def _raw(**changes: Any) -> dict[str, Any]:
@@ -111,11 +124,32 @@ def test_derived_sizes() -> None:
         ({"num_hidden_layers": 3}, r"'num_hidden_layers' is 3 but the layer pattern has 8"),
         ({"time_step_limit": [0.0, 0.1]}, r"'time_step_limit' must be \[min, inf\]"),
         ({"use_conv_bias": "yes"}, r"'use_conv_bias' must be a bool"),
+        (
+            {"sliding_window": 4096},
+            r"^config\.json: 'sliding_window' must be null \(unsupported\)$",
+        ),
+        (
+            {"attention_bias": True},
+            r"^config\.json: 'attention_bias' must be false \(Nemotron-H attention has no bias\), "
+            r"got True$",
+        ),
+        ({"hybrid_override_pattern": "M*EE-E"}, r"has layers of kind \['E'\] at \[2, 3, 5\];"),
+        (
+            {"hybrid_override_pattern": "M" + "E" * 10, "num_hidden_layers": 11},
+            r"has layers of kind \['E'\] at \[1, 2, 3, 4, 5, 6, 7, 8\];",
+        ),
+        ({"time_step_limit": ["big", math.inf]}, r"'time_step_limit' must be \[min, inf\] \(two"),
+        (
+            {"time_step_limit": [0.0, {"__float__": ["Infinity"]}]},
+            r"'time_step_limit' must be \[min, inf\] \(two numbers\)",
+        ),
     ],
 )
 def test_unsupported_configs_are_refused(changes: dict[str, Any], message: str) -> None:
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises(ConfigError, match=message) as info:
         NemotronHConfig.from_dict(_raw(**changes))
+    # read_config replaces this prefix by the file's path
+    assert str(info.value).startswith("config.json: ")
 
 
 def test_missing_key_is_named() -> None:
@@ -366,7 +400,10 @@ def test_counts_must_be_ints(key: str, value: object) -> None:
         ({"mlp_hidden_act": ["relu2"]}, r"'mlp_hidden_act' must be a str \('relu2'\), got"),
         ({"mamba_hidden_act": 1}, r"'mamba_hidden_act' must be a str \('silu'\), got 1"),
         ({"attention_bias": "false"}, r"'attention_bias' must be a bool, got 'false'"),
-        ({"layer_norm_epsilon": True}, r"'layer_norm_epsilon' must be a finite number > 0, got True"),
+        (
+            {"layer_norm_epsilon": True},
+            r"'layer_norm_epsilon' must be a finite number > 0, got True",
+        ),
         ({"time_step_min": [0.1]}, r"'time_step_min' must be a finite number >= 0, got \[0\.1\]"),
     ],
 )
@@ -389,3 +426,237 @@ def test_deeply_nested_json_is_refused_by_name(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(ConfigError, match=r"config\.json: not valid JSON \(nested too deeply\)"):
         read_config(tmp_path)
+
+
+def test_a_missing_layer_list_is_named() -> None:
+    raw = _raw()
+    del raw["hybrid_override_pattern"]
+    with pytest.raises(ConfigError) as info:
+        NemotronHConfig.from_dict(raw)
+    assert str(info.value) == (
+        "config.json: one of 'hybrid_override_pattern' or 'layers_block_type' is required"
+    )
+
+
+def test_disagreeing_layer_lists_name_each_reader_and_the_remedy() -> None:
+    raw = _raw(layer_types=["mamba"] * 8)
+    with pytest.raises(ConfigError) as info:
+        NemotronHConfig.from_dict(raw)
+    assert str(info.value) == (
+        "config.json: 'layer_types' ('MMMMMMMM') and 'hybrid_override_pattern' ('M*M-M*-M') "
+        "describe different layers, which readers resolve differently (transformers 5 reads "
+        "'layer_types', transformers 4 and NVIDIA's modelling code 'hybrid_override_pattern'); "
+        "make them agree or keep one"
+    )
+
+
+# --- the smallest and largest values, and the defaults of absent keys ------------------------
+
+
+def test_the_smallest_and_largest_sizes_are_accepted() -> None:
+    """1 is a valid count (one KV head, one group, one layer), 2 a valid conv width, and
+    2**31 - 1 the largest size."""
+    cfg = NemotronHConfig.from_dict(
+        _raw(num_key_value_heads=1, n_groups=1, conv_kernel=2, vocab_size=MAX_SIZE, chunk_size=1)
+    )
+    assert (cfg.num_key_value_heads, cfg.n_groups, cfg.conv_kernel) == (1, 1, 2)
+    assert (cfg.vocab_size, cfg.chunk_size) == (MAX_SIZE, 1)
+    one_layer = NemotronHConfig.from_dict(_raw(hybrid_override_pattern="M", num_hidden_layers=1))
+    assert one_layer.pattern == "M"
+    # transformers clamps dt to [time_step_min, inf]: a floor of 0 (no clamp) is a valid model
+    no_floor = attrs.evolve(tiny_config(), time_step_min=0.0)
+    assert NemotronHConfig.from_dict(_raw(time_step_min=0)) == no_floor
+    assert NemotronHConfig.from_dict(_raw(time_step_min=0.0, time_step_limit=[0, math.inf])) == (
+        no_floor
+    )
+
+
+#: transformers' NemotronHConfig defaults of the keys the runtime reads with a default
+HF_OPTIONAL_DEFAULTS: dict[str, object] = {
+    "layer_norm_epsilon": 1e-5,
+    "time_step_min": 0.001,
+    "use_conv_bias": True,
+    "use_bias": False,
+    "mlp_bias": False,
+    "tie_word_embeddings": False,
+}
+
+
+def test_absent_optional_keys_take_transformers_defaults() -> None:
+    """Each optional key absent (with the others set away from their defaults) reads as
+    transformers reads it; absent activations, attention bias and sliding window are
+    the supported ones."""
+    opposite = {
+        "layer_norm_epsilon": 1e-6,
+        "time_step_min": 0.01,
+        "use_conv_bias": False,
+        "use_bias": True,
+        "mlp_bias": True,
+        "tie_word_embeddings": True,
+    }
+    for key, default in HF_OPTIONAL_DEFAULTS.items():
+        raw = _raw(**opposite)
+        del raw[key]
+        cfg = NemotronHConfig.from_dict(raw)
+        assert getattr(cfg, key) == default, key
+        for other, value in opposite.items():
+            if other != key:
+                assert getattr(cfg, other) == value, (key, other)
+    raw = _raw()
+    for key in ("mlp_hidden_act", "mamba_hidden_act", "attention_bias", "model_type"):
+        del raw[key]
+    raw["sliding_window"] = None
+    assert NemotronHConfig.from_dict(raw) == tiny_config()
+
+
+def test_a_refusal_marks_each_absent_attention_size_as_transformers_default() -> None:
+    raw = _raw(num_key_value_heads=5)
+    del raw["num_attention_heads"]
+    with pytest.raises(ConfigError) as info:
+        NemotronHConfig.from_dict(raw)
+    assert str(info.value).endswith("got 32 (absent: transformers' default) and 5")
+
+
+# --- to_hf_dict: the config.json an engine or transformers reads --------------------------------
+
+#: keys whose value does not depend on the configuration: the model class transformers and
+#: vLLM pick by (``architectures``, ``model_type``), what the runtime implements, and
+#: transformers' NemotronHConfig defaults of the special token ids
+HF_FIXED: dict[str, object] = {
+    "architectures": ["NemotronHForCausalLM"],
+    "model_type": "nemotron_h",
+    "mlp_hidden_act": "relu2",
+    "mamba_hidden_act": "silu",
+    "attention_bias": False,
+    "pad_token_id": 0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+
+
+def _unusual_config() -> NemotronHConfig:
+    """Every flag and float away from its default, so a key lost on the way reads back wrong."""
+    return NemotronHConfig.from_dict(
+        _raw(layer_norm_epsilon=1e-6, time_step_min=0.02, use_conv_bias=False, use_bias=True,
+             mlp_bias=True, tie_word_embeddings=True)
+    )  # fmt: skip
+
+
+def test_hf_dict_round_trips_every_field_away_from_its_default() -> None:
+    cfg = _unusual_config()
+    assert NemotronHConfig.from_dict(cfg.to_hf_dict()) == cfg
+    assert {k: v for k, v in cfg.to_hf_dict().items() if k in HF_OPTIONAL_DEFAULTS} == {
+        key: getattr(cfg, key) for key in HF_OPTIONAL_DEFAULTS
+    }
+
+
+def test_hf_dict_names_the_model_class_and_the_supported_kinds() -> None:
+    hf = tiny_config().to_hf_dict()
+    assert {key: hf.get(key) for key in HF_FIXED} == HF_FIXED
+
+
+def test_hf_dict_declares_the_dtype_of_the_weights_written(tmp_path: Path) -> None:
+    write_tiny_checkpoint(tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    weights = load_file(tmp_path / "model.safetensors")
+    assert {t.dtype for t in weights.values()} == {getattr(torch, raw["torch_dtype"])}
+
+
+def test_hf_dict_is_read_by_transformers_as_the_runtime_reads_it() -> None:
+    transformers = pytest.importorskip("transformers")
+    cfg = _unusual_config()
+    hf = transformers.NemotronHConfig(**cfg.to_hf_dict())
+    assert hf.hybrid_override_pattern == cfg.pattern
+    for field in attrs.fields(NemotronHConfig):
+        if field.name != "pattern":
+            assert getattr(hf, field.name) == getattr(cfg, field.name), field.name
+    assert hf.architectures == HF_FIXED["architectures"]
+    assert transformers.AutoConfig.for_model(HF_FIXED["model_type"]).__class__ is type(hf)
+    default = transformers.NemotronHConfig()
+    for key in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        assert getattr(default, key) == HF_FIXED[key], key
+    for key, value in HF_OPTIONAL_DEFAULTS.items():
+        assert getattr(default, key) == value, key
+    assert (default.mlp_hidden_act, default.mamba_hidden_act) == ("relu2", "silu")
+    assert str(hf.dtype).removeprefix("torch.") == cfg.to_hf_dict()["torch_dtype"]
+
+
+# --- reading a file ----------------------------------------------------------------------------
+
+
+def test_read_json_decodes_the_transformers_float_tags_only(tmp_path: Path) -> None:
+    path = tmp_path / "f.json"
+    path.write_text(
+        '{"inf": {"__float__": "Infinity"}, "neg": [{"__float__": "-Infinity"}],'
+        ' "unknown": {"__float__": "Huge"}, "extra": {"__float__": "NaN", "x": 1},'
+        ' "not_str": {"__float__": 1}}'
+    )
+    got = read_json(path, ConfigError)
+    assert got["inf"] == math.inf and got["neg"] == [-math.inf]
+    assert got["unknown"] == {"__float__": "Huge"}
+    assert got["extra"] == {"__float__": "NaN", "x": 1}
+    assert got["not_str"] == {"__float__": 1}
+
+
+def test_read_config_names_a_dangling_link_as_one(tmp_path: Path) -> None:
+    """The Hugging Face cache links config.json to a blob: a lost blob is not an absent file."""
+    (tmp_path / "config.json").symlink_to(tmp_path / "blobs" / "0123")
+    with pytest.raises(ConfigError) as info:
+        read_config(tmp_path)
+    assert str(info.value) == f"{tmp_path / 'config.json'}: missing (a dangling symbolic link?)"
+
+
+def test_read_config_refuses_a_directory_by_name(tmp_path: Path) -> None:
+    (tmp_path / "config.json").mkdir()
+    with pytest.raises(ConfigError) as info:
+        read_config(tmp_path)
+    assert str(info.value) == (
+        f"{tmp_path / 'config.json'}: is a directory, not a regular file; "
+        "only regular files are read"
+    )
+
+
+def _fifo(path: Path) -> Path:
+    os.mkfifo(path)
+    return path
+
+
+def _symlink(path: Path, target: str) -> Path:
+    path.symlink_to(target)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("make", "what"),
+    [
+        (lambda d: _fifo(d / "fifo"), "is a FIFO, not a regular file; only regular files are read"),
+        (lambda d: Path("/dev/null"), "is a character device, not a regular file; only regular "
+                                      "files are read"),
+        (lambda d: _symlink(d / "dangling", "nowhere"), "missing (a dangling symbolic link?)"),
+        (lambda d: _symlink(d / "loop", "loop"), "cannot be read (Too many levels of symbolic "
+                                                 "links)"),
+    ],
+    ids=["fifo", "char-device", "dangling-link", "link-loop"],
+)  # fmt: skip
+def test_check_regular_file_names_what_the_path_is(
+    tmp_path: Path, make: Callable[[Path], Path], what: str
+) -> None:
+    path = make(tmp_path)
+    if not path.exists() and not path.is_symlink():
+        pytest.skip(f"{path} is not on this system")
+    with pytest.raises(ConfigError) as info:
+        check_regular_file(path, ConfigError)
+    assert str(info.value) == f"{path}: {what}"
+    with pytest.raises(ConfigError) as info:
+        read_json(path, ConfigError)
+    assert str(info.value) == f"{path}: {what}"
+
+
+def test_read_json_names_a_file_that_fails_to_read() -> None:
+    """A regular file whose read fails (Linux's ``/proc/self/mem`` at offset 0: EIO)."""
+    path = Path("/proc/self/mem")
+    if not path.exists():
+        pytest.skip("no /proc/self/mem")
+    with pytest.raises(ConfigError) as info:
+        read_json(path, ConfigError)
+    assert str(info.value) == f"{path}: cannot be read (Input/output error)"

@@ -124,17 +124,14 @@ def _check_time_step_limit(limit: object, key: str = "'time_step_limit'") -> Non
         [as_float(v) for v in limit] if isinstance(limit, list | tuple) and len(limit) == 2 else []
     )
     if len(values) != 2 or values[0] is None or values[1] is None:
-        raise ConfigError(
-            f"config.json: {key} must be [min, inf] (two numbers), got {limit!r}"
-        )
+        raise ConfigError(f"config.json: {key} must be [min, inf] (two numbers), got {limit!r}")
     if not math.isfinite(values[0]) or values[0] < 0:
         raise ConfigError(
             f"config.json: {key} must be [min, inf] with a finite min >= 0, got {limit!r}"
         )
     if values[1] != math.inf:
         raise ConfigError(
-            f"config.json: {key} must be [min, inf] (an upper limit is unsupported), "
-            f"got {limit!r}"
+            f"config.json: {key} must be [min, inf] (an upper limit is unsupported), got {limit!r}"
         )
 
 
@@ -436,7 +433,7 @@ def read_config(model_dir: str | Path) -> NemotronHConfig:
         the message starts with the file's path.
     """
     path = Path(model_dir) / "config.json"
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():  # a dangling link is named as one below
         raise ConfigError(f"{path}: no config.json in the model directory")
     raw = read_json(path, ConfigError)
     if not isinstance(raw, dict):
