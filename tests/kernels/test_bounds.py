@@ -9,7 +9,6 @@ the pool lands in memory the test can see.
 from __future__ import annotations
 
 import contextlib
-
 from collections.abc import Callable
 from typing import Any
 
