@@ -26,6 +26,7 @@ from hybridmeta.integrations.vllm.metadata import (
     NULL_BLOCK_ID,
     VLLM_CONVENTIONS,
     DecodeGraphBuffers,
+    VllmDecodeForward,
     VllmMamba2Step,
     check_speculative,
     decode_rows,
@@ -119,9 +120,13 @@ class VllmDecodeGraphs(GraphedDecodeBackend):
         md, ins = self._md[bucket], self.graphs.buffers.views(bucket)
         if self.stale_tail:  # the planted defect: the decode reads the whole max_bs buffer
             whole = torch.as_strided(md.mamba_cache_indices, (self.max_bs,), (1,))
-            from hybridmeta.model import ForwardMetadata, prepare_decode
+            from hybridmeta.model import prepare_decode
 
-            md = prepare_decode(ForwardMetadata(
+            # vLLM's conventions kept (pad rows carry the null block): the defect is only
+            # the rows read. (With the root's pad -1 the null block 0 of the pad rows reads
+            # as a live slot twice, which the op refuses as a write collision before any
+            # replay runs.)
+            md = prepare_decode(VllmDecodeForward(
                 query_start_loc=torch.arange(bucket + 1, dtype=torch.int32),
                 mamba_cache_indices=whole[-bucket:],
             ))  # fmt: skip
