@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -16,6 +17,7 @@ from hybridmeta import (
     Conventions,
     Dim,
     Pad,
+    Role,
     RowOrder,
     debug_mode,
     fields_of,
@@ -359,7 +361,7 @@ _CHEAP_CASES: list[_Case] = [
     (
         "input shape",
         lambda b: b.refresh(_step([1]), 1, {"x": torch.ones(1, 3)}),
-        r"input x must have trailing shape \(2,\)",
+        r"input x must have trailing shape \(2,\), got \(3,\)",
     ),
     (
         "input dtype",
@@ -370,12 +372,14 @@ _CHEAP_CASES: list[_Case] = [
     (
         "host value drift",
         lambda b: b.refresh(_step([1], is_target_verify=True), 1, _x(1)),
-        r"is_target_verify is True but the graphs were captured with False",
+        r"is_target_verify is True but the graphs were captured with False; host values are "
+        r"frozen at capture \(use a StaticBuffers/runner built for this value\)",
     ),
     (
         "unbuffered field",
         lambda b: b.refresh(_step([1], conv_states_mask_indices=torch.tensor([0])), 1, _x(1)),
-        r"conv_states_mask_indices is set but is not a static buffer",
+        r"conv_states_mask_indices is set but is not a static buffer of this graph; a captured "
+        r"step would silently ignore it",
     ),
     (
         "slot out of range (host-known: always)",
@@ -406,12 +410,14 @@ _CHEAP_CASES: list[_Case] = [
     (
         "pad value in a live row",
         lambda b: b.refresh(_step([2, -1]), 2, _x(2)),
-        r"mamba_cache_indices holds the pad -1 in live row 1: every row of a step is live",
+        r"mamba_cache_indices holds the pad -1 in live row 1: every row of a step is live and "
+        r"needs a slot in \[0, 16\) \(pad rows are the buffers' business\)",
     ),
     (
         "flagged row without track slot",
         lambda b: b.refresh(_step([1, 2], [-1, 4], [True, False]), 2, _x(2)),
-        r"mamba_track_indices row 0 is -1 \(none\) but mamba_track_mask flags it",
+        r"mamba_track_indices row 0 is -1 \(none\) but mamba_track_mask flags it: a flagged "
+        r"row needs a track slot",
     ),
     (
         "track slot is another row's working slot",
@@ -444,13 +450,45 @@ _CHEAP_CASES: list[_Case] = [
         ),
         r"retrieve_next_token is set but is not a static buffer",
     ),
+    (
+        "track slot at num_slots",
+        lambda b: b.refresh(_step([1], [SLOTS], [True]), 1, _x(1)),
+        r"mamba_track_indices row 0 holds 16: not -1 \(pad\) nor a slot in \[0, 16\)",
+    ),
+    # Slot 0 is a slot: a step using it is refused for its real fault, named as such.
+    (
+        "slot 0 beside a duplicate",
+        lambda b: b.refresh(_step([0, 5, 5]), 3, _x(3)),
+        r"mamba_cache_indices rows 1 and 2 hold the same slot 5: two rows",
+    ),
+    (
+        "track slot 0 beside a duplicate",
+        lambda b: b.refresh(_step([1, 1], [0, -1], [True, False]), 2, _x(2)),
+        r"mamba_cache_indices rows 0 and 1 hold the same slot 1",
+    ),
+    (
+        "duplicate above the smallest slot",
+        lambda b: b.refresh(_step([5, 3, 5]), 3, _x(3)),
+        r"mamba_cache_indices rows 0 and 2 hold the same slot 5",
+    ),
+    (
+        "input not a tensor",
+        lambda b: b.refresh(_step([1]), 1, {"x": [[1.0, 2.0]]}),  # type: ignore[dict-item]
+        r"StaticBuffers\.refresh: input x must be a torch\.Tensor, got list",
+    ),
+    (
+        "input device",
+        lambda b: b.refresh(_step([1]), 1, {"x": torch.ones(1, 2, device="meta")}),
+        r"StaticBuffers\.refresh: input x must be on cpu \(the static buffer's device\), got meta",
+    ),
 ]
 
 _DEBUG_CASES: list[_DebugCase] = [
     (
         "decreasing qsl",
         lambda: (_step([1, 2], query_start_loc=torch.tensor([0, 1, 0])), 2, _x(2)),
-        r"query_start_loc must be non-decreasing",
+        # the prefix names the refresh and the step's class (check_values' where=)
+        r"^StaticBuffers\.refresh: ForwardMetadata\.query_start_loc must be non-decreasing",
     ),
     (
         "qsl not from 0",
@@ -537,6 +575,9 @@ def test_debug_checks_run_on_physical_ids() -> None:
     # Two virtual ids are distinct, their physical slots too (the table has no duplicate).
     with pytest.raises(ValueError, match=r"rows 0 and 1 hold the same slot 4 \(physical"):
         buffers.refresh(_step([3, 3]), 2, _x(2))
+    # Virtual slot 0 is a table index like any other: the duplicate is what is named.
+    with pytest.raises(ValueError, match=r"rows 1 and 2 hold the same slot 4 \(physical"):
+        buffers.refresh(_step([0, 3, 3]), 3, _x(3))
 
 
 @pytest.mark.gpu
@@ -581,8 +622,15 @@ def test_cuda_without_cuda_is_refused_with_our_message() -> None:
         ({"static": {"draft_token_num": 2}}, "draft columns are a bucket dimension"),
         ({"max_draft": 2}, "draft_token_num is 2 but is_target_verify is False"),
         ({"slot_table": torch.tensor([0, SLOTS])}, "slot_table maps to slots outside"),
-        ({"slot_table": torch.tensor([0, -1])}, r"virtual slot 1 maps to -1"),
-        ({"slot_table": torch.tensor([0], dtype=torch.int32)}, "slot_table must be a 1-D"),
+        ({"slot_table": torch.tensor([0, -1])}, r"or to the pad -1: virtual slot 1 maps to -1"),
+        (
+            {"slot_table": torch.tensor([4, 0, 7, 4])},
+            r"virtual slots 0 and 3 both map to physical slot 4",
+        ),
+        (
+            {"slot_table": torch.tensor([0], dtype=torch.int32)},
+            r"slot_table must be a 1-D torch.int64 tensor on cpu, got \(1,\) torch.int32 on cpu",
+        ),
         ({"slot_table": [0, 1]}, "slot_table must be a 1-D torch.int64 tensor on cpu, got list"),
         (
             {"slot_table": torch.tensor([4, 0, 7, 0])},
@@ -605,6 +653,29 @@ def test_input_spec_rows_must_be_known() -> None:
 def test_poison_start_out_of_range() -> None:
     with pytest.raises(ValueError, match="start must be in"):
         _buffers().poison_(MAX_BS + 1, lambda n, t: None)
+    with pytest.raises(ValueError, match="start must be in"):
+        _buffers().poison_(-1, lambda n, t: None)
+
+
+def test_poison_hands_out_exactly_the_rows_past_start() -> None:
+    buffers = _buffers()
+    tails: dict[str, int] = {}
+    buffers.poison_(MAX_BS, lambda name, t: tails.__setitem__(name, t.shape[0]))
+    assert tails == {"query_start_loc": 0, "mamba_cache_indices": 0, "mamba_track_indices": 0,
+                     "mamba_track_mask": 0, "x": 0}  # fmt: skip
+    _poison(buffers)
+    buffers.refresh(_step([3, 1]), 2, _x(2))
+    buffers.poison_(2, lambda name, t: tails.__setitem__(name, t.shape[0]))
+    assert tails["query_start_loc"] == MAX_BS + 1 - 3 and tails["x"] == MAX_BS - 2
+    assert tails["mamba_cache_indices"] == MAX_BS - 2
+
+    def fill(name: str, t: torch.Tensor) -> None:
+        t.fill_(5)
+
+    buffers.poison_(2, fill)
+    snap = buffers.snapshot()  # rows [0:start) keep the refresh
+    assert snap["mamba_cache_indices"].tolist() == [3, 1] + [5] * (MAX_BS - 2)
+    assert snap["query_start_loc"].tolist() == [0, 1, 2] + [5] * (MAX_BS - 2)
 
 
 def test_buckets() -> None:
@@ -613,8 +684,8 @@ def test_buckets() -> None:
     assert default_buckets(8) == (1, 2, 4, 8)
     assert bucket_for((1, 2, 4, 6), 3) == 4
     assert bucket_for((1, 2, 4, 6), 4) == 4
-    with pytest.raises(ValueError, match="exceeds the largest captured bucket"):
-        bucket_for((1, 2), 3)
+    with pytest.raises(ValueError, match=r"bs=5 exceeds the largest captured bucket 4$"):
+        bucket_for((1, 2, 4), 5)
     with pytest.raises(ValueError, match="max_bs must be > 0"):
         default_buckets(0)
 
@@ -831,8 +902,161 @@ def test_an_engine_extension_step_is_checked_like_the_root() -> None:
     with pytest.raises(ValueError, match=r"spec_budget.*captured with 0"):
         buffers.refresh(_engine_step([1], [3], spec_budget=2), 2, _x(1))
     frozen = _buffers(source=_EngineStep, optional_fields=(), static={"spec_budget": 2})
-    assert _as_engine(frozen.refresh(_engine_step([1], [3], spec_budget=2), 2, _x(1))).spec_budget == 2
+    assert (
+        _as_engine(frozen.refresh(_engine_step([1], [3], spec_budget=2), 2, _x(1))).spec_budget == 2
+    )
     with pytest.raises(ValueError, match=r"source must be ForwardMetadata or an extension"):
         _buffers(source=Mamba2Metadata)
     with pytest.raises(ValueError, match=r"supported with metadata_class=Mamba2Metadata only"):
         _buffers(source=_EngineStep, metadata_class=SpecCommitMetadata)
+
+
+def test_an_engine_null_slot_is_refused_in_the_slot_table() -> None:
+    # _EngineStep's null slot is 0, inside the pool: a table entry 0 would send a live
+    # request to the reserved block.
+    with pytest.raises(ValueError, match=r"or to the pad 0: virtual slot 1 maps to 0"):
+        _buffers(source=_EngineStep, optional_fields=(), slot_table=torch.tensor([1, 0]))
+
+
+# --------------------------------------------------------------------------- more refusals
+
+
+@metadata
+class _DecodeExtra(Mamba2Metadata):
+    """A class derived from Mamba2Metadata without target verify (decode rows)."""
+
+    extra: torch.Tensor = tensor_field(rows=BATCH, dtypes=INDEX, pad=Pad.value(0))
+
+
+def test_a_step_with_prefill_rows_is_refused_naming_num_prefills() -> None:
+    from hybridmeta.planner import plan_mixed_batch
+
+    buffers = StaticBuffers(
+        max_bs=4, num_slots=8, device="cpu", metadata_class=_DecodeExtra, optional_fields=()
+    )
+    _poison(buffers)
+    before = _snapshot(buffers)
+    md = plan_mixed_batch(extend_lens=[5, 1], prefix_lens=[7, 4], slots=[3, 4], num_decodes=1,
+                          chunk_size=4, conv_kernel=4)  # fmt: skip
+    step = _DecodeExtra.evolve_from(md, extra=torch.tensor([1, 2]))
+    with pytest.raises(
+        ValueError,
+        match=r"^StaticBuffers\.refresh: num_prefills is 1; graphs capture decode and verify "
+        r"rows only$",
+    ):
+        buffers.refresh(step, 2)
+    _assert_untouched(before, _snapshot(buffers))
+
+
+def test_an_unused_extra_slot_field_does_not_hide_a_broken_track_slot() -> None:
+    # An extension's own slot field (Role.SLOT), left None by a step, is skipped; the
+    # track slot after it is still checked and named.
+    @metadata(extension=True)
+    class _WithSrc(ForwardMetadata):
+        src_slot: torch.Tensor | None = tensor_field(
+            rows=BATCH, dtypes=INDEX, pad=Pad.value(-1), role=Role.SLOT, default=None
+        )
+
+    buffers = _buffers(source=_WithSrc, optional_fields=(
+        "src_slot", "mamba_track_indices", "mamba_track_mask"))  # fmt: skip
+    assert "src_slot" in buffers.field_names
+    step = _WithSrc(
+        query_start_loc=torch.arange(2),
+        mamba_cache_indices=torch.tensor([1]),
+        mamba_track_indices=torch.tensor([SLOTS + 1]),
+        mamba_track_mask=torch.tensor([True]),
+        has_mamba_track_mask=True,
+    )
+    with pytest.raises(ValueError, match=r"mamba_track_indices row 0 holds 17: not -1 \(pad\)"):
+        buffers.refresh(step, 1, _x(1))
+    bad_src = _WithSrc(
+        query_start_loc=torch.arange(2),
+        mamba_cache_indices=torch.tensor([1]),
+        src_slot=torch.tensor([SLOTS]),
+    )
+    with pytest.raises(ValueError, match=r"src_slot row 0 holds 16: not -1 \(pad\) nor a slot"):
+        buffers.refresh(bad_src, 1, _x(1))
+
+
+def test_duplicates_are_named_lowest_row_first_on_long_steps() -> None:
+    # Past numpy's small-array sort the rows of a repeated id are still named in order.
+    n = 18
+    perm = np.random.default_rng(0).permutation(n)
+    perm[-1] = perm[0]
+    buffers = StaticBuffers(max_bs=n, num_slots=2 * n, device="cpu", optional_fields=())
+    step = ForwardMetadata(
+        query_start_loc=torch.arange(n + 1), mamba_cache_indices=torch.from_numpy(perm)
+    )
+    with pytest.raises(ValueError, match=rf"rows 0 and {n - 1} hold the same slot {perm[0]}:"):
+        buffers.refresh(step, n)
+    with pytest.raises(
+        ValueError, match=rf"virtual slots 0 and {n - 1} both map to physical slot {perm[0]} "
+    ):
+        StaticBuffers(max_bs=2, num_slots=2 * n, device="cpu", slot_table=torch.from_numpy(perm))
+
+
+# --------------------------------------------------------------------------- copy paths
+
+
+def test_one_dtype_buffers_refresh_and_pad() -> None:
+    # Only int64 buffers (no inputs, no mask): one copy group, nothing to merge.
+    buffers = StaticBuffers(max_bs=4, num_slots=8, device="cpu", optional_fields=())
+    _poison(buffers)
+    md = buffers.refresh(_step([3, 1]), 3)
+    assert md.mamba_cache_indices.tolist() == [3, 1, -1]
+    assert md.query_start_loc.tolist() == [0, 1, 2, 2]
+    md = buffers.pad_all(4)
+    assert md.mamba_cache_indices.tolist() == [-1] * 4
+    assert md.query_start_loc.tolist() == [0] * 5
+    assert buffers.refreshed_bucket == (4, 1)
+    md = buffers.pad_all(1)  # the smallest bucket is padded like any other
+    assert md.mamba_cache_indices.tolist() == [-1]
+    assert buffers.refreshed_bucket == (1, 1)
+
+
+def test_two_dtypes_are_one_foreach_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    buffers = _buffers(optional_fields=())  # int64 metadata and a float32 input
+    calls = _count_foreach_copies(monkeypatch)
+    md = buffers.refresh(_step([3, 1]), 4, _x(2))
+    assert len(calls) == 1, calls
+    assert md.mamba_cache_indices.tolist() == [3, 1, -1, -1]
+    assert buffers.views(4)["x"].tolist() == [[1.0, 2.0], [3.0, 4.0], [0.0, 0.0], [0.0, 0.0]]
+
+
+def test_per_dtype_copies_with_one_destination_each() -> None:
+    # A strided input takes the per-dtype path; with bs == B the float input is one live
+    # copy, the unused track mask one pad copy, and every group is written.
+    buffers = _buffers()
+    _poison(buffers)
+    strided_x = (torch.arange(8.0).reshape(2, 4) + 1)[:, ::2]  # [[1, 3], [5, 7]]
+    md = buffers.refresh(_step([3, 1]), 2, {"x": strided_x})
+    assert md.mamba_cache_indices.tolist() == [3, 1]
+    assert md.query_start_loc.tolist() == [0, 1, 2]
+    assert md.mamba_track_mask is not None and md.mamba_track_mask.tolist() == [False, False]
+    assert md.mamba_track_indices is not None and md.mamba_track_indices.tolist() == [-1, -1]
+    assert buffers.views(2)["x"].tolist() == [[1.0, 3.0], [5.0, 7.0]]
+
+
+def test_a_pad_all_that_fails_leaves_no_bucket_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    buffers = _buffers()
+    buffers.pad_all(4)
+
+    def broken(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(torch, "_foreach_copy_", broken)
+    with pytest.raises(RuntimeError, match="device lost"):
+        buffers.pad_all(2)
+    assert buffers.refreshed_bucket is None
+
+
+def test_a_bucket_metadata_is_built_once_outside_debug_mode() -> None:
+    # The same object every step (what a captured graph was handed); debug mode rebuilds
+    # it so the core's checks see the refreshed rows.
+    buffers = _buffers()
+    a = buffers.refresh(_step([1, 2]), 4, _x(2))
+    b = buffers.refresh(_step([5]), 4, _x(1))
+    assert a is b and buffers.pad_all(4) is a
+    with debug_mode():
+        c = buffers.refresh(_step([5]), 4, _x(1))
+    assert c is not a and c.mamba_cache_indices.tolist() == [5, -1, -1, -1]

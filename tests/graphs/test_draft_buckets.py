@@ -89,7 +89,12 @@ def test_a_tree_buffer_needs_a_tree_in_every_step() -> None:
     # The pad of retrieve_parent_token (-1, a root) cannot stand for None (a chain).
     buffers = _verify_buffers()
     h = torch.zeros(2, 2)
-    with pytest.raises(ValueError, match="retrieve_parent_token is None but the graphs were captured reading it"):
+    with pytest.raises(
+        ValueError,
+        match=r"retrieve_parent_token is None but the graphs were captured reading it; its pad cannot "
+        r"stand for None \(build buffers without it, optional_fields, for steps that "
+        r"omit it\)$",
+    ):
         buffers.refresh(_step([1], 2), (1, 2), {"h": h})
     chains = _verify_buffers(optional_fields=())
     md = chains.refresh(_step([1], 2), (1, 2), {"h": h})
@@ -100,7 +105,8 @@ def test_a_tree_buffer_needs_a_tree_in_every_step() -> None:
 
 @pytest.mark.parametrize(
     ("bucket", "t", "match"),
-    [((2, 1), 2, r"draft columns must satisfy draft_token_num <= T <= max_draft \(2 <= 1 <= 3\)"),
+    [((2, 1), 2, r"^StaticBuffers\.refresh: bucket draft columns must satisfy draft_token_num <= T "
+                 r"<= max_draft \(2 <= 1 <= 3\)$"),
      ((2, 4), 2, r"\(2 <= 4 <= 3\)")],
 )  # fmt: skip
 def test_draft_bucket_out_of_range_is_refused(bucket: tuple[int, int], t: int, match: str) -> None:
@@ -136,7 +142,9 @@ def test_commit_buffers_are_declared_by_the_derived_class() -> None:
 
 
 def test_metadata_class_must_be_mamba2_metadata_or_derived_from_it() -> None:
-    with pytest.raises(ValueError, match="metadata_class must be Mamba2Metadata or a class derived"):
+    with pytest.raises(
+        ValueError, match="metadata_class must be Mamba2Metadata or a class derived"
+    ):
         StaticBuffers(max_bs=2, num_slots=4, device="cpu", metadata_class=ForwardMetadata)  # type: ignore[arg-type]
 
 
@@ -171,7 +179,9 @@ def test_runner_captures_every_bucket_pair_and_replays_the_smallest_that_fits() 
     out = runner.run(_step([3, 4, 5], 2, [[-1, 0], [-1, -1], [-1, 0]]), {"h": h})
     assert out["row"].tolist() == [6, 8, 10]  # bucket (4, 2): T = 2 exactly
     assert out["tok"][:, 0].tolist() == [-7.0, 3.0, -6.0, -6.0, -5.0, 5.0]
-    with pytest.raises(ValueError, match="draft_token_num=4 exceeds the largest captured draft bucket 3"):
+    with pytest.raises(
+        ValueError, match="draft_token_num=4 exceeds the largest captured draft bucket 3"
+    ):
         runner.run(_step([1], 4, [[-1, 0, 1, 2]]), {"h": torch.zeros(4, 2)})
 
 
@@ -238,3 +248,25 @@ def test_commit_columns_outside_the_draft_are_refused_in_debug_mode_before_writi
         out = buffers.refresh(ok, (3, 2))
     assert isinstance(out, SpecCommitMetadata)
     assert out.accepted_index.tolist() == [1, 0, -1]
+
+
+def test_per_row_and_per_token_inputs_both_pad_a_narrower_step() -> None:
+    # A per-row input keeps one row per request whatever the draft length; a per-token
+    # input (here strided: the per-dtype copy path) has its columns [t:T) padded.
+    buffers = _verify_buffers(
+        optional_fields=(),
+        inputs={
+            "b": InputSpec((2,), torch.float32, pad=0.25),
+            "h": InputSpec((2,), torch.float32, rows=TOKENS, pad=0.5),
+        },
+    )
+    _junk(buffers)
+    b = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    h = (torch.arange(16, dtype=torch.float32).view(4, 4) + 1)[:, ::2]  # stride 2
+    md = buffers.refresh(_step([3, 5], 2), (3, 3), {"b": b, "h": h})
+    assert md.mamba_cache_indices.tolist() == [3, 5, -1]
+    views = buffers.views((3, 3))
+    assert views["b"].tolist() == [[1.0, 2.0], [3.0, 4.0], [0.25, 0.25]]
+    grid = views["h"].view(3, 3, 2)
+    assert grid[:2, :2].equal(h.reshape(2, 2, 2))
+    assert (grid[:2, 2] == 0.5).all() and (grid[2] == 0.5).all()
