@@ -24,8 +24,9 @@
 #                 changed and collects stats for the tests it has not seen; add
 #                 MUTATION_ONLY to rerun others (e.g. the survivors, after new tests)
 #   MUTATION_ONLY mutant names or globs to run (e.g. 'hybridmeta.core.x__build__mutmut_*'),
-#                 or "survivors": those not killed in the last run (survived, no tests,
-#                 timeout)
+#                 or "survivors": those the last run ran and did not kill (survived, no
+#                 tests, timeout, segfault; a "not checked" mutant of a stopped run is
+#                 left out)
 #   MUTATION_CHILDREN  parallel mutants (default 1: a shared machine)
 #   MUTATION_PREPARE=1  only make each module's folder and stop (to run it on a bigger
 #                 machine: `cd <folder> && TRITON_INTERPRET=1 HYPOTHESIS_PROFILE=ci \
@@ -96,7 +97,7 @@ EOF
   only=()
   if [[ ${MUTATION_ONLY:-} == survivors ]]; then
     [[ -s $dir/results.txt ]] || { echo "no previous results in $dir" >&2; exit 2; }
-    mapfile -t only < <(awk -F': ' 'NF == 2 && $2 != "killed" {sub(/^ +/, "", $1); print $1}' "$dir/results.txt")
+    mapfile -t only < <(awk -F': ' 'NF == 2 && $2 != "killed" && $2 != "not checked" {sub(/^ +/, "", $1); print $1}' "$dir/results.txt")
   elif [[ -n ${MUTATION_ONLY:-} ]]; then
     read -r -a only <<<"$MUTATION_ONLY"
   fi
