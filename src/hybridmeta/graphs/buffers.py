@@ -680,7 +680,9 @@ class StaticBuffers:
         field with columns), ``[start + 1:)`` of a ``BATCH + 1`` buffer and
         ``[start * max_draft:)`` of a per-token input. Used by tests that poison everything
         past the refreshed prefix (NaN, other requests' slots) and check that nothing
-        captured reads it; ``start = 0`` poisons every buffer whole.
+        captured reads it; ``start = 0`` poisons every buffer but row 0 of a ``BATCH + 1``
+        buffer (``query_start_loc[0]``, always 0: every refresh and pad writes it). To
+        compare every byte, use :meth:`snapshot`.
         """
         if not 0 <= start <= self.max_bs:
             raise ValueError(f"StaticBuffers.poison_: start must be in [0, {self.max_bs}]")
