@@ -412,14 +412,11 @@ def valid_slot(s: tl.tensor, pad: tl.tensor, n_slots: tl.tensor) -> tl.tensor:
     return (s >= 0) & (s < n_slots) & (s != pad)
 
 
-NO_KEY: tl.constexpr = tl.constexpr(NO_FAULT)
-
-
 @triton.jit  # type: ignore[arg-type]  # a helper returning a value; the stub types kernels
 def fault_key(row: tl.tensor, field: tl.tensor, value: tl.tensor) -> tl.tensor:
     """The packed key of a fault of row ``row`` (the record's format: row, field id, value
-    biased to unsigned 32 bits), int64. Pure arithmetic: a kernel computes it on its hot
-    path and reports the least key once, after its loads and stores (:func:`report_key`)."""
+    biased to unsigned 32 bits), int64. Pure arithmetic, so a kernel can compute it early
+    and report it later, after its loads and stores (:func:`report_key`)."""
     zero = tl.full([], 0, tl.int64)  # any int (a Python int or a tensor) to int64
     v = tl.minimum(tl.maximum(value + zero, -2147483648), 2147483647) + 2147483648
     return ((row + zero) << 36) | ((field + zero) << 32) | v
@@ -437,9 +434,10 @@ def report_key(
     takes the record (compare-and-swap), its faults are min-reduced (one atomic ``min`` of
     the packed key). Called only on a fault (a branch around the call): a clean launch
     issues no atomic. Outlined so that the hot path's code keeps nothing of it but the
-    branch; a kernel calls it after its last load and store, since a call is a barrier the
-    compiler does not move loads across (before the loads it serialised them behind the
-    slot loads: 4-15% of the SSM update's time on the H200)."""
+    branch. Where the call sits matters: it is a barrier the compiler does not move loads
+    across, so a report before a row's loads serialises them behind the slot loads (4-15%
+    of the SSM and conv updates' time on the H200); most kernels report after their stores
+    (docs/kernels.md, "Pad ids, invalid ids and the error record")."""
     zero = tl.full([], 0, tl.int64)
     old = tl.atomic_cas(err_ptr, zero, zero + tag)
     if (old == 0) | (old == tag):

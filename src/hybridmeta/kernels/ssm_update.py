@@ -115,8 +115,9 @@ def _row_slots(
     slot, ``write`` / ``track`` it stores into ``dst`` / ``trk``, ``bad`` it holds an id that
     is neither the pad id nor a valid slot (its source, its destination, or its track slot
     when flagged): such a row reads and writes no state and its output is NaN; the caller
-    reports it (:func:`_report_row`) after its stores (a pad row's other ids are never
-    looked at). Only the predicates are on the hot path: the fault's field and value are
+    reports it (:func:`_report_row`: the tile path after its stores, the row walk before
+    its loads, each where it measured cheaper) (a pad row's other ids are never looked
+    at). Only the predicates are on the hot path: the fault's field and value are
     worked out again by the report, off it.
     """
     src = tl.load(src_ptr + i_b).to(tl.int64)
@@ -155,8 +156,8 @@ def _report_row(
     HAS_TRACK: tl.constexpr,
 ) -> None:
     """Report the fault of row ``i_b`` (a row :func:`_row_slots` found bad): its first bad
-    id (source, then destination, then track slot), read again. Called after the kernel's
-    stores, in a branch taken only on a fault."""
+    id (source, then destination, then track slot), read again. Called in a branch taken
+    only on a fault."""
     src = tl.load(src_ptr + i_b).to(tl.int64)
     src_ok = valid_slot(src, pad_id, n_slots)
     field = tl.where(src_ok, 2, 0)
