@@ -281,7 +281,7 @@ def _ssm_update_kernel(
                 HAS_TRACK,
             )  # fmt: skip
             # Here the report comes before the row's loads: on the H200 the row walk
-            # measured 1.01x the unchecked kernel so, against 1.03x with the report after
+            # measured 1.01x the unchecked kernel, against 1.03x with the report after
             # the stores and 1.05x with the least bad row carried through the walk and
             # reported once (docs/perf_notes.md, "Round 3"). The one-row tile path reports
             # after its stores instead (there that measured 0.99x against 1.02-1.10x).
