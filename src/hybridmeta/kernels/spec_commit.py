@@ -426,7 +426,7 @@ def spec_commit(
     if is_debug() or (not seen and dev.type == "cpu"):
         _check_commit_ids(
             op, slots, pad_slot_id, T, state_indices, accepted_index, track_indices,
-            track_mask, track_token, collisions=True,
+            track_mask, track_token,
         )  # fmt: skip
     errors = record_for(ssm_pool)
     if which == "reference":
@@ -536,16 +536,12 @@ def _check_commit_ids(
     track: torch.Tensor | None,
     mask: torch.Tensor | None,
     token: torch.Tensor | None,
-    *,
-    collisions: bool,
 ) -> None:
     """Host check of a commit's ids (reads them: CPU tensors, or debug mode): the kernel's
-    rules, raised as :class:`SlotIndexError`; with ``collisions`` also two rows writing one
-    slot (only the intermediate buffers are read, so that is the one hazard)."""
+    rules, raised as :class:`SlotIndexError`, then two rows writing one slot
+    (``ValueError``; only the intermediate buffers are read, so that is the one hazard)."""
     keys, commit, track_commit = commit_faults(slots, pad, T, src, acc, track, mask, token)
     host_check(op, keys, pad, (slots, T, slots, T))
-    if not collisions:
-        return
     writes = [("state_indices", src, commit)]
     if track is not None and track_commit is not None:
         writes.append(("track_indices", track, track_commit))

@@ -1231,7 +1231,7 @@ def ssm_state_update(
     if is_debug() or (not seen and state.device.type == "cpu"):
         _check_ssm_ids(
             op, state.shape[0], pad_slot_id, state_indices, dst_indices, track_indices,
-            track_mask, collisions=True,
+            track_mask,
         )  # fmt: skip
     if out is None:
         out = torch.empty_like(x)
@@ -1321,16 +1321,12 @@ def _check_ssm_ids(
     dst: torch.Tensor | None,
     track: torch.Tensor | None,
     mask: torch.Tensor | None,
-    *,
-    collisions: bool,
 ) -> None:
     """Host check of the ids (reads them: CPU tensors, or debug mode): the kernel's rules,
-    raised as :class:`SlotIndexError`; with ``collisions`` also two rows writing one slot
-    or a row writing a slot another row reads."""
+    raised as :class:`SlotIndexError`, then two rows writing one slot or a row writing a
+    slot another row reads (``ValueError``)."""
     keys, live, write, track_write = ssm_faults(slots, pad, src, dst, track, mask)
     host_check(op, keys, pad, slots)
-    if not collisions:
-        return
     writes = [("dst_indices" if dst is not None else "state_indices",
                dst if dst is not None else src, write)]  # fmt: skip
     if track is not None and track_write is not None:
