@@ -28,6 +28,11 @@
 #                 tests, timeout, segfault; a "not checked" mutant of a stopped run is
 #                 left out)
 #   MUTATION_CHILDREN  parallel mutants (default 1: a shared machine)
+#   MUTATION_TIMEOUT  mutmut's timeout_constant (default 20 s); a mutant is stopped after
+#                 (its tests' time + this) * MUTATION_TIMEOUT_MULT * 2 CPU seconds. A
+#                 module whose mutants can loop forever (audit: AST walks) runs for hours
+#                 at the default; there 2 and 5 stop a looping mutant in about a minute
+#   MUTATION_TIMEOUT_MULT  mutmut's timeout_multiplier (default 15)
 #   MUTATION_PREPARE=1  only make each module's folder and stop (to run it on a bigger
 #                 machine: `cd <folder> && TRITON_INTERPRET=1 HYPOTHESIS_PROFILE=ci \
 #                 CUDA_VISIBLE_DEVICES= mutmut run --max-children N && mutmut results --all
@@ -91,7 +96,8 @@ also_copy = ["src", "tests", "stubs", "examples", "mutmut_fresh_import.py"]
 pytest_add_cli_args = ["-p", "no:cacheprovider", "-p", "mutmut_fresh_import", "-q", "-x"]
 # each mutant's child imports hybridmeta and the tests again (seconds at nice 19 on a
 # loaded machine): mutmut's wall-clock limit, (the tests' time + this) * 15, must allow it
-timeout_constant = 20
+timeout_constant = ${MUTATION_TIMEOUT:-20}
+timeout_multiplier = ${MUTATION_TIMEOUT_MULT:-15}
 EOF
   cp "$root/scripts/mutmut_fresh_import.py" "$dir/"
   only=()

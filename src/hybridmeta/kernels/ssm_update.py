@@ -175,6 +175,34 @@ def _report_row(
     report(err_ptr, _TAG, i_b, field, value, pad_id, n_slots)
 
 
+@triton.jit  # type: ignore[arg-type]  # a helper returning a block; the stub types kernels
+def _rows_bad(
+    o_r: tl.tensor,
+    m_r: tl.tensor,
+    v_src: tl.tensor,
+    dst_ptr: tl.tensor,
+    track_idx_ptr: tl.tensor,
+    track_mask_ptr: tl.tensor,
+    pad_id: tl.tensor,
+    n_slots: tl.tensor,
+    HAS_DST: tl.constexpr,
+    HAS_TRACK: tl.constexpr,
+) -> tl.tensor:
+    """:func:`_row_slots`' ``bad`` for the rows ``o_r`` (``m_r``: in the batch) at once,
+    ``v_src`` their source slots (int64)."""
+    src_ok = valid_slot(v_src, pad_id, n_slots)
+    bad = m_r & (v_src != pad_id) & (src_ok == 0)
+    if HAS_DST:
+        v_dst = tl.load(dst_ptr + o_r, mask=m_r, other=0).to(tl.int64)
+        bad = bad | (m_r & src_ok & (v_dst != pad_id) & (valid_slot(v_dst, pad_id, n_slots) == 0))
+    if HAS_TRACK:
+        flag = tl.load(track_mask_ptr + o_r, mask=m_r, other=0) != 0
+        v_trk = tl.load(track_idx_ptr + o_r, mask=m_r, other=0).to(tl.int64)
+        bad_t = flag & (v_trk != pad_id) & (valid_slot(v_trk, pad_id, n_slots) == 0)
+        bad = bad | (m_r & src_ok & bad_t)
+    return bad
+
+
 @triton.jit(do_not_specialize=["bs", "rows_per_prog", "pad_id", "n_slots"])
 def _ssm_update_kernel(
     state_ptr: tl.tensor,
@@ -522,10 +550,13 @@ def _ssm_tile_row(
     HAS_TRACK: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    REPORT: tl.constexpr,
 ) -> None:
     """One ``[BLOCK_P, dstate]`` tile (p-tile ``i_p``) of head ``i_h`` of row ``i_b``
     (int64): every load issued at once, the row's liveness folded into the masks (a pad
-    row's state masks are empty: no state byte moves), no branch around the loads."""
+    row's state masks are empty: no state byte moves), no branch around the loads.
+    ``REPORT``: a bad row reports its fault here, after the stores (the one-row path);
+    the multi-row path judges its rows once and reports after its row loop instead."""
     i_g = i_h // heads_per_group
 
     src, dst, trk, live, m_write, m_track, bad = _row_slots(
@@ -598,7 +629,7 @@ def _ssm_tile_row(
             b_new,
             mask=(o_p < lim_track)[:, None] & m_n[None, :],
         )
-    if bad:
+    if REPORT and bad:
         # After the stores: an outlined call before the loads serialises them.
         _report_row(
             i_b, src_ptr, dst_ptr, track_idx_ptr, track_mask_ptr, err_ptr, pad_id, n_slots,
@@ -675,7 +706,7 @@ def _ssm_tile_row_outlined(
         stride_x_b, stride_x_h, stride_x_p, stride_dt_b, stride_dt_h, stride_B_b, stride_B_g,
         stride_B_n, stride_C_b, stride_C_g, stride_C_n, stride_z_b, stride_z_h, stride_z_p,
         stride_o_b, stride_o_h, stride_o_p, DT_SOFTPLUS, HAS_DT_BIAS, HAS_D, HAS_Z, HAS_DST,
-        HAS_TRACK, BLOCK_P, BLOCK_N,
+        HAS_TRACK, BLOCK_P, BLOCK_N, False,
     )  # fmt: skip
 
 
@@ -759,6 +790,13 @@ def _ssm_update_tile_kernel(
         v_live = m_r & (v_src != pad_id)
         r_lo = tl.min(tl.where(v_live, o_r, row0 + ROWS), axis=0)
         r_hi = tl.max(tl.where(v_live, o_r + 1, row0), axis=0)
+        # The block's rows judged once, from their id tiles: the row body has no call (a
+        # call inside the outlined body gave it a stack frame), and the least bad row of
+        # the block reports after the loop (the record keeps the least row of all).
+        v_bad = _rows_bad(
+            o_r, m_r, v_src, dst_ptr, track_idx_ptr, track_mask_ptr, pad_id, n_slots, HAS_DST,
+            HAS_TRACK,
+        )  # fmt: skip
         for i_b in tl.range(r_lo, r_hi, num_stages=1):
             _ssm_tile_row_outlined(
                 i_b, i_p, i_h, state_ptr, x_ptr, dt_ptr, dt_bias_ptr, A_ptr, B_ptr, C_ptr, D_ptr,
@@ -768,6 +806,12 @@ def _ssm_update_tile_kernel(
                 stride_B_b, stride_B_g, stride_B_n, stride_C_b, stride_C_g, stride_C_n,
                 stride_z_b, stride_z_h, stride_z_p, stride_o_b, stride_o_h, stride_o_p,
                 DT_SOFTPLUS, HAS_DT_BIAS, HAS_D, HAS_Z, HAS_DST, HAS_TRACK, BLOCK_P, BLOCK_N,
+            )  # fmt: skip
+        r_bad = tl.min(tl.where(v_bad, o_r, row0 + ROWS), axis=0)
+        if r_bad < row0 + ROWS:
+            _report_row(
+                r_bad, src_ptr, dst_ptr, track_idx_ptr, track_mask_ptr, err_ptr, pad_id,
+                n_slots, HAS_DST, HAS_TRACK,
             )  # fmt: skip
     else:
         # One row a program, the row body inlined: the same code (and PTX) as before the
@@ -782,7 +826,7 @@ def _ssm_update_tile_kernel(
             stride_s_n, stride_x_b, stride_x_h, stride_x_p, stride_dt_b, stride_dt_h,
             stride_B_b, stride_B_g, stride_B_n, stride_C_b, stride_C_g, stride_C_n,
             stride_z_b, stride_z_h, stride_z_p, stride_o_b, stride_o_h, stride_o_p,
-            DT_SOFTPLUS, HAS_DT_BIAS, HAS_D, HAS_Z, HAS_DST, HAS_TRACK, BLOCK_P, BLOCK_N,
+            DT_SOFTPLUS, HAS_DT_BIAS, HAS_D, HAS_Z, HAS_DST, HAS_TRACK, BLOCK_P, BLOCK_N, True,
         )  # fmt: skip
 
 

@@ -216,7 +216,7 @@ def _ssm_verify_kernel(
     # A pad row has no live column: nothing is read or stored, its output is zero; a row
     # with an invalid id neither (its output is NaN). One program of the row reports it,
     # after its stores.
-    live, bad, n_live, key, bound = verify_row_check(
+    live, bad, n_live, _, _ = verify_row_check(
         i_b, src, ndraft_ptr, parent_ptr, T, pad_id, n_slots, stride_par_b, stride_par_t,
         HAS_PARENT, HAS_NDRAFT,
     )  # fmt: skip
@@ -321,6 +321,12 @@ def _ssm_verify_kernel(
         # would read back from the pool.
         b_s = b_new.to(tl.float32)
     if bad & (i_p == 0) & (i_h == 0):
+        # The fault's key worked out again from the ids, off the hot path: carried through
+        # the token loop, the key and its bound held registers there.
+        _, _, _, key, bound = verify_row_check(
+            i_b, tl.load(src_ptr + i_b).to(tl.int64), ndraft_ptr, parent_ptr, T, pad_id,
+            n_slots, stride_par_b, stride_par_t, HAS_PARENT, HAS_NDRAFT,
+        )  # fmt: skip
         report_key(err_ptr, _TAG, key, pad_id, bound)
 
 
