@@ -38,7 +38,7 @@ from hybridmeta.kernels._errors import (
     least_fault,
     record_,
     record_for,
-    report_key,
+    report_key_inline,
     valid_slot,
 )
 from hybridmeta.kernels._math import discretize, ssm_step
@@ -327,7 +327,7 @@ def _ssm_verify_kernel(
             i_b, tl.load(src_ptr + i_b).to(tl.int64), ndraft_ptr, parent_ptr, T, pad_id,
             n_slots, stride_par_b, stride_par_t, HAS_PARENT, HAS_NDRAFT,
         )  # fmt: skip
-        report_key(err_ptr, _TAG, key, pad_id, bound)
+        report_key_inline(err_ptr, _TAG, key, pad_id, bound)
 
 
 def launch_ssm_verify(
