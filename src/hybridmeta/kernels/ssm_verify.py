@@ -109,8 +109,10 @@ def verify_row_check(
     valid, its live count in ``[0, T]``, every live column's parent ``-1`` or an earlier
     column), it holds an invalid id (NaN output, nothing stored), its live columns (``0``
     unless ``live``), and the fault's :func:`fault_key` and bound, which one program of the
-    row reports (:func:`report_key`) after its stores: a report here, before the row's
-    loads, would serialise them behind it.
+    row reports after its stores: a report here, before the row's loads, would serialise
+    them behind it. The SSM verify uses only the first three on its hot path and calls this
+    again in its cold branch for the key (carried through the token loop, the key held
+    registers there); the conv verify carries the key.
     """
     src_ok = valid_slot(src, pad_id, n_slots)
     bad_s = (src != pad_id) & (src_ok == 0)
