@@ -31,8 +31,23 @@ def _testing_a_mutant() -> bool:
     return "__mutmut_" in os.environ.get("MUTANT_UNDER_TEST", "")
 
 
+def _hide_stats_from_children() -> None:
+    """In mutmut's stats run, keep the stats mode out of the environment that subprocesses
+    inherit. A test that runs pytest in a subprocess from a temporary folder (the plugin's
+    own tests do) would otherwise record trampoline hits there, where mutmut finds no
+    configuration, and fail the stats run. The trampolines of this process read the mode
+    from mutmut's process-local copy; the children run the original code."""
+    if os.environ.get("MUTANT_UNDER_TEST") != "stats":
+        return
+    from mutmut.mutation import trampoline
+
+    trampoline._mutant_under_test = "stats"
+    del os.environ["MUTANT_UNDER_TEST"]
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
+    _hide_stats_from_children()
     if not _testing_a_mutant():
         return
     here = os.getcwd() + os.sep
@@ -52,5 +67,10 @@ def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if "MUTANT_UNDER_TEST" not in os.environ:
+        from mutmut.mutation import trampoline
+
+        if trampoline._mutant_under_test == "stats":  # put back what mutmut set
+            os.environ["MUTANT_UNDER_TEST"] = "stats"
     if _testing_a_mutant() and exitstatus == pytest.ExitCode.INTERRUPTED:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

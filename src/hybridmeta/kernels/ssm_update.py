@@ -794,9 +794,8 @@ def _ssm_update_tile_kernel(
         # block reported after the loop (the record keeps the least row of all): the
         # outlined row body makes no call. On the H200 this measured the same as a report
         # inside the row body (0.996-1.000x); what the checks still cost in these programs
-        # is ptxas's register count (48 -> 56 a thread, fewer resident programs), and
-        # capping it (maxnreg 40) measured 2x slower (docs/perf_notes.md, "Round 3, third
-        # GPU session").
+        # (up to 6.5% in bf16) is not the report, the load order or the register count
+        # (docs/perf_notes.md, "Round 3, third GPU session").
         v_bad = _rows_bad(
             o_r, m_r, v_src, dst_ptr, track_idx_ptr, track_mask_ptr, pad_id, n_slots, HAS_DST,
             HAS_TRACK,

@@ -1,0 +1,176 @@
+"""Registers a thread of the SSM update and verify kernels, from ptxas, without a GPU.
+
+Compiles the kernels for ``sm_90a`` (the H200) with the installed Triton and its bundled
+ptxas, at Nemotron-Nano-9B-v2 layer shapes with the launch options of
+:func:`hybridmeta.kernels._config.ssm_launch_config` (bf16: two warps, fp32: one), and prints
+the registers, stack and local memory (spills) of each (Triton's ptxas, read back from the
+cubin with the bundled ``cuobjdump``). Resident programs per SM follow from the registers
+(65,536 a SM, allocated per warp in units of 256). ``docs/perf_notes.md`` ("Round 3, third
+GPU session") used it to rule the register count out as the cause of the slot checks' cost
+in the bf16 tiles; use the Triton version of the GPU image (3.6.0 there) for the figures to
+carry over. ``--src`` compiles another tree's kernels (a ``git archive``
+of a commit), ``--maxnreg`` caps ptxas as ``SsmLaunchConfig.max_regs`` does.
+
+Run (any machine, no GPU needed)::
+
+    PYTHONPATH=src:. python3 benchmarks/ptxas_regs.py --out "$OUT" [--src TREE/src]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+H, P, N, G = 128, 80, 128, 8
+#: (kernel, state dtype, rows a program): the launches of the benchmarks' SSM sections.
+CASES: tuple[tuple[str, str, int], ...] = (
+    ("tile", "bf16", 1),
+    ("tile", "bf16", 16),
+    ("tile", "bf16", 32),
+    ("tile", "fp32", 1),
+    ("walk", "fp32", 1),
+    ("verify", "bf16", 1),
+    ("verify", "fp32", 1),
+)
+_NOSPEC = {"bs", "pad_id", "n_slots", "rows_per_prog", "T", "stride_par_b"}
+_ABSENT = {"dst_ptr", "track_idx_ptr", "track_mask_ptr", "parent_ptr", "ndraft_ptr"}
+
+
+def _ints() -> dict[str, int]:
+    return dict(
+        headdim=P, dstate=N, heads_per_group=H // G, stride_s_slot=H * P * N, stride_s_h=P * N,
+        stride_s_p=N, stride_s_n=1, stride_x_b=H * P, stride_x_h=P, stride_x_p=1,
+        stride_dt_b=H, stride_dt_h=1, stride_B_b=G * N, stride_B_g=N, stride_B_n=1,
+        stride_C_b=G * N, stride_C_g=N, stride_C_n=1, stride_z_b=H * P, stride_z_h=P,
+        stride_z_p=1, stride_o_b=H * P, stride_o_h=P, stride_o_p=1, bs=256, pad_id=-1,
+        n_slots=1000, rows_per_prog=4, T=4, stride_par_b=4, stride_par_t=1,
+        stride_x_t=H * P, stride_dt_t=H, stride_B_t=G * N, stride_C_t=G * N, stride_z_t=H * P,
+        stride_o_t=H * P, stride_i_b=4 * H * P * N, stride_i_t=H * P * N,
+    )  # fmt: skip
+
+
+def compile_case(kernel: str, dtype: str, rows: int, maxnreg: int | None) -> dict[str, Any]:
+    """ptxas's figures for one kernel variant (the module must be importable)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    import hybridmeta.kernels.ssm_update as su
+    import hybridmeta.kernels.ssm_verify as sv
+
+    ptrs = {
+        "state_ptr": f"*{dtype}", "x_ptr": "*bf16", "dt_ptr": "*fp32", "dt_bias_ptr": "*fp32",
+        "A_ptr": "*fp32", "B_ptr": "*bf16", "C_ptr": "*bf16", "D_ptr": "*fp32",
+        "z_ptr": "*bf16", "out_ptr": "*bf16", "src_ptr": "*i64", "err_ptr": "*i64",
+        "inter_ptr": f"*{dtype}",
+    }  # fmt: skip
+    block_p = 8 if dtype == "bf16" else 4
+    flags = dict(DT_SOFTPLUS=True, HAS_DT_BIAS=True, HAS_D=True, HAS_Z=True, BLOCK_N=N)
+    opts: dict[str, Any] = {"num_warps": 2 if dtype == "bf16" else 1}
+    if kernel == "tile":
+        fn = su._ssm_update_tile_kernel
+        cx = dict(flags, HAS_DST=False, HAS_TRACK=False, BLOCK_P=block_p, ROWS=rows)
+    elif kernel == "walk":
+        fn = su._ssm_update_kernel
+        cx = dict(flags, HAS_DST=False, HAS_TRACK=False, BLOCK_P=4, ROW_BLOCK=64,
+                  N_PTILES=P // 4)  # fmt: skip
+        opts = {"num_warps": 1, "num_stages": 1}
+    else:
+        fn = sv._ssm_verify_kernel
+        cx = dict(flags, HAS_PARENT=False, HAS_NDRAFT=False, BLOCK_P=block_p)
+    if maxnreg is not None:
+        opts["maxnreg"] = maxnreg
+    ints = _ints()
+    sig: dict[str, str] = {}
+    consts: dict[tuple[int, ...], Any] = {}
+    attrs: dict[tuple[int, ...], list[list[Any]]] = {}
+    for i, p in enumerate(fn.params):
+        name = p.name
+        if p.is_constexpr or name in _ABSENT:
+            sig[name] = "constexpr"
+            consts[(i,)] = cx[name] if p.is_constexpr else None
+        elif name in ptrs:
+            sig[name] = ptrs[name]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif name in ("dt_min", "dt_max"):
+            sig[name] = "fp32"
+        elif name not in _NOSPEC and ints[name] == 1:  # Triton specialises 1 away
+            sig[name] = "constexpr"
+            consts[(i,)] = 1
+        else:
+            sig[name] = "i32"
+            if name not in _NOSPEC and ints[name] % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    src = triton.compiler.ASTSource(fn, sig, consts, attrs)
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+    # The cubin Triton's own ptxas made; its resource usage from the bundled cuobjdump.
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.TemporaryDirectory() as d:
+        cubin = Path(d) / "k.cubin"
+        cubin.write_bytes(compiled.asm["cubin"])
+        run = subprocess.run(
+            [str(cuobjdump), "--dump-resource-usage", str(cubin)], capture_output=True, text=True
+        )
+    if run.returncode != 0:
+        raise RuntimeError(f"cuobjdump failed on {kernel} {dtype} rows {rows}: {run.stderr}")
+    # One "Function" line per function (the kernel and its outlined callees): the largest.
+    used = [int(m) for m in re.findall(r"REG:(\d+)", run.stdout)]
+    local = [int(m) for m in re.findall(r"LOCAL:(\d+)", run.stdout)]
+    stack = [int(m) for m in re.findall(r"STACK:(\d+)", run.stdout)]
+    if not used:
+        raise RuntimeError(f"no register count in cuobjdump's output: {run.stdout}")
+    warps = int(opts["num_warps"])
+    regs = max(used)
+    per_warp = -(-regs * 32 // 256) * 256
+    return {
+        "kernel": kernel, "state_dtype": dtype, "rows": rows, "maxnreg": maxnreg,
+        "num_warps": warps, "registers": regs, "local_bytes": max(local, default=0),
+        "stack_bytes": max(stack, default=0),
+        "programs_per_sm": min(65536 // per_warp // warps, 32),
+    }  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", "."), help="output folder")
+    ap.add_argument("--src", type=Path, help="another tree's src/ to compile (default: this one)")
+    ap.add_argument("--maxnreg", type=int, help="ptxas register cap")
+    ap.add_argument("--tag", default="sm90a", help="file name tag")
+    args = ap.parse_args()
+    # Compile, never interpret: set before hybridmeta chooses for a machine without CUDA.
+    os.environ["TRITON_INTERPRET"] = "0"
+    if args.src is not None:
+        sys.path.insert(0, str(args.src.resolve()))
+    import triton
+
+    import hybridmeta
+
+    rows = [compile_case(k, d, r, args.maxnreg) for k, d, r in CASES]
+    for r in rows:
+        print(
+            f"{r['kernel']:6} {r['state_dtype']} rows {r['rows']:2}: {r['registers']} registers, "
+            f"local memory {r['local_bytes']} B, stack {r['stack_bytes']} B, "
+            f"{r['programs_per_sm']} programs an SM"
+        )
+    result = {
+        "target": "cuda sm_90a (ptxas bundled with Triton)",
+        "triton": triton.__version__,
+        "hybridmeta_from": str(Path(hybridmeta.__file__).parent),
+        "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "shapes": {"nheads": H, "headdim": P, "dstate": N, "ngroups": G},
+        "cases": rows,
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"ptxas_regs_{args.tag}.json").write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
