@@ -179,6 +179,14 @@ class Builder:
         pytest.param(_comprehension('("qsl", "slots", "track", None)'), {}, id="not-a-string"),
         pytest.param(_comprehension("BASE + names()", LISTS), {}, id="concatenated-call"),
         pytest.param(_comprehension("names()"), {}, id="a-call"),
+        pytest.param(
+            """
+            def build(fwd: Fwd, names: tuple[str, ...]) -> Md:
+                return Md(**{k: getattr(fwd, k) for k in names})
+            """,
+            {},
+            id="a-parameter",
+        ),
         pytest.param(_comprehension('(*names(), "track")'), {}, id="starred-call"),
         pytest.param(_comprehension("sorted(ALL, key=len)", LISTS), {}, id="sorted-with-a-key"),
         pytest.param(_comprehension("constants.FIELDS", "import constants"), {}, id="module-attr"),
