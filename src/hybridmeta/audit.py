@@ -519,7 +519,12 @@ def _fn_facts(fn: _Fn) -> _FnFacts:
                                 one.value.id, f"{ast.unparse(one)} = ... with a computed key"
                             )
         elif isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name):
-            facts.dict_parts.setdefault(node.target.id, []).append(node.value)
+            nm = node.target.id
+            facts.dict_parts.setdefault(nm, []).append(node.value)
+            # ``names += [...]`` rebinds the name: a name list no longer known from one
+            # assignment (``names = names + [...]``, which only refers to itself).
+            grown = ast.BinOp(left=ast.Name(id=nm, ctx=ast.Load()), op=node.op, right=node.value)
+            facts.local_consts.setdefault(nm, []).append(grown)
         elif isinstance(node, ast.Delete):
             for t in node.targets:
                 if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name):
@@ -553,6 +558,11 @@ def _fn_facts(fn: _Fn) -> _FnFacts:
                     if isinstance(key, ast.Constant) and isinstance(key.value, str):
                         v3 = node.args[1] if len(node.args) > 1 else ast.Constant(None)
                         facts.dict_items.setdefault(owner, []).append((key.value, v3))
+                    else:
+                        facts.dict_unknown.setdefault(
+                            owner,
+                            f"{owner}.setdefault({ast.unparse(key)}, ...) with a computed key",
+                        )
                 elif func.attr in _DICT_MUTATORS:
                     facts.dict_unknown.setdefault(owner, f"{owner}.{func.attr}(...)")
     return facts
