@@ -58,7 +58,7 @@ spec() {
   buffers) echo "src/hybridmeta/graphs/buffers.py|tests/graphs/test_buffers.py tests/graphs/test_draft_buckets.py tests/properties/test_graphs_refresh.py" ;;
   capture) echo "src/hybridmeta/graphs/capture.py|tests/graphs/test_capture.py tests/graphs/test_runner.py" ;;
   config) echo "src/hybridmeta/runtime/config.py|tests/runtime/test_config.py" ;;
-  audit) echo "src/hybridmeta/audit.py|tests/test_audit.py tests/test_audit_literals.py" ;;
+  audit) echo "src/hybridmeta/audit.py|tests/test_audit.py tests/test_audit_literals.py tests/test_audit_resolution.py" ;;
   *) echo "unknown module '$1' (core testing buffers capture config audit)" >&2; return 2 ;;
   esac
 }

@@ -297,12 +297,22 @@ class _Classes:
                 same_file = [c for c in cands if c.path == info.path]
                 imported = self.imports.get(info.path, {}).get(base)
                 if not same_file and imported is not None:
-                    # The base its file imports: that module's class (or none given).
+                    # The base its file imports: that module's class (or none given),
+                    # through the re-exports of the given files (``pkg/__init__.py``).
                     target = self.module_path(imported[0], info.path)
-                    cands = [
-                        c for c in names.get(imported[1], [])
-                        if c.path == target and id(c) not in stack
-                    ]  # fmt: skip
+                    original = imported[1]
+                    cands = []
+                    seen: set[tuple[str, str]] = set()
+                    while target is not None and (target, original) not in seen:
+                        seen.add((target, original))
+                        cands = [
+                            c for c in names.get(original, [])
+                            if c.path == target and id(c) not in stack
+                        ]  # fmt: skip
+                        further = self.imports.get(target, {}).get(original)
+                        if cands or further is None:
+                            break
+                        target, original = self.module_path(further[0], target), further[1]
                 pick = (same_file or cands)[:1]
                 if not pick:
                     complete = False
@@ -969,6 +979,9 @@ class _Auditor:
         if isinstance(func, ast.Call):  # type(x)(...), make_cls()(...)
             return f"a class chosen at run time ({ast.unparse(func)})"
         if name is None:
+            # backends[i].metadata_cls(...): a class attribute of a computed object
+            if isinstance(func, ast.Attribute) and _RUNTIME_CLASS.search(func.attr):
+                return f"a class chosen at run time ({ast.unparse(func)})"
             return None
         last = name.split(".")[-1]
         if last in self._functions:
