@@ -190,8 +190,8 @@ def _rows_bad(
 ) -> tl.tensor:
     """:func:`_row_slots`' ``bad`` for the rows ``o_r`` (``m_r``: in the batch) at once,
     ``v_src`` their source slots (int64)."""
-    src_ok = valid_slot(v_src, pad_id, n_slots)
-    bad = m_r & (v_src != pad_id) & (src_ok == 0)
+    src_ok: tl.tensor = valid_slot(v_src, pad_id, n_slots)
+    bad: tl.tensor = m_r & (v_src != pad_id) & (src_ok == 0)
     if HAS_DST:
         v_dst = tl.load(dst_ptr + o_r, mask=m_r, other=0).to(tl.int64)
         bad = bad | (m_r & src_ok & (v_dst != pad_id) & (valid_slot(v_dst, pad_id, n_slots) == 0))
