@@ -111,8 +111,7 @@ def verify_row_check(
     unless ``live``), and the fault's :func:`fault_key` and bound, which one program of the
     row reports after its stores: a report here, before the row's loads, would serialise
     them behind it. The SSM verify uses only the first three on its hot path and calls this
-    again in its cold branch for the key (carried through the token loop, the key held
-    registers there); the conv verify carries the key.
+    again in its cold branch for the key; the conv verify carries the key.
     """
     src_ok = valid_slot(src, pad_id, n_slots)
     bad_s = (src != pad_id) & (src_ok == 0)
@@ -323,8 +322,10 @@ def _ssm_verify_kernel(
         # would read back from the pool.
         b_s = b_new.to(tl.float32)
     if bad & (i_p == 0) & (i_h == 0):
-        # The fault's key worked out again from the ids, off the hot path: carried through
-        # the token loop, the key and its bound held registers there.
+        # The fault's key worked out again from the ids, off the hot path (on the H200 the
+        # same time as carrying it through the token loop); the report inlined, which is
+        # what removed the bf16 verify's 3-10% (docs/perf_notes.md, "Round 3, third GPU
+        # session").
         _, _, _, key, bound = verify_row_check(
             i_b, tl.load(src_ptr + i_b).to(tl.int64), ndraft_ptr, parent_ptr, T, pad_id,
             n_slots, stride_par_b, stride_par_t, HAS_PARENT, HAS_NDRAFT,
