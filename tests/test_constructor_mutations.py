@@ -23,6 +23,7 @@ import pytest
 import torch
 
 import hybridmeta
+import hybridmeta.model  # a submodule the package loads on first use: the test reads it directly
 from hybridmeta.core import _is_metadata_class
 
 SRC = Path(hybridmeta.__file__).resolve().parent
