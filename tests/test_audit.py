@@ -34,6 +34,7 @@ class Fwd:
 
 def _write(tmp: Path, name: str, body: str) -> str:
     path = tmp / name
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(textwrap.dedent(body))
     return str(path)
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from hybridmeta.audit import AuditError, AuditResult, audit_paths, main
+from tests.test_audit import _write
 
 HEAD = """
 from dataclasses import dataclass, field
@@ -30,13 +31,6 @@ class Md(Fwd):
 
 #: The three names most cases below resolve to: ``Md`` built from them drops only ``flag``.
 ALL = '("qsl", "slots", "track")'
-
-
-def _write(tmp: Path, name: str, body: str) -> str:
-    path = tmp / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(textwrap.dedent(body))
-    return str(path)
 
 
 def _audit(tmp: Path, body: str, **others: str) -> tuple[str, AuditResult]:
