@@ -72,7 +72,11 @@ class VllmDecodeGraphs(GraphedDecodeBackend):
     harness's slot ``s`` is block ``s + 1``, and the pools it checks are blocks ``1..``.
     """
 
-    tolerance = (0.0, 0.0)  # the same reference ops in graph and eager: bit-equal
+    # The same reference ops in graph and eager, but on 4 rows (the bucket) against 3 (the
+    # live rows): torch's CPU SiLU / exp take their vector body or their scalar tail by
+    # the tensor's size, so a live row can differ by an ulp (seen: 1.5e-8 in the conv's
+    # SiLU, 3e-8 in the state). A stale tail moves a row by O(1): the planted defect below.
+    tolerance = (1e-6, 1e-6)
 
     def __init__(self, *, max_bs: int = 4, num_slots: int = 7, stale_tail: bool = False) -> None:
         g = torch.Generator().manual_seed(0)
