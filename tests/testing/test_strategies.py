@@ -67,6 +67,8 @@ def test_batch_repr_names_the_rows() -> None:
         "Batch(bs=2, slots=(3, -1), track_slots=(5, -1), track_mask=(True, False), seed=0)"
     )
     assert b.live_rows() == (0,)
+    assert b.tracked_rows() == (0,) and b.has_track, "row 0 alone saving is a tracked step"
+    assert not Batch(slots=(3,), track_slots=(5,), track_mask=(False,), extend_lens=(1,)).has_track
     assert b.addressed() == {3: "working slot of row 0", 5: "track slot of row 0"}
 
 

@@ -138,7 +138,7 @@ class Batch:
     @property
     def has_track(self) -> bool:
         """Whether any live row saves its state this step (the host-side flag)."""
-        return any(self.tracked_rows())
+        return len(self.tracked_rows()) > 0  # (row indices: any() would miss row 0)
 
     def live_rows(self) -> tuple[int, ...]:
         """Rows with a working slot (not pad rows)."""

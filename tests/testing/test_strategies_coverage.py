@@ -1,0 +1,285 @@
+"""What the public strategies can reach, and what they never produce.
+
+An engine's property test is only as strong as the cases its strategy draws: a
+``batches`` that never draws a flagged row, a pad row between live rows or a track slot
+shared with another row's working slot, or a ``metadata_instances`` that never draws the
+pad slot, an absent optional or the widest batch, passes a backend that breaks on exactly
+those. Each test here finds the case (``hypothesis.find``) or checks the bound on every
+draw, so a strategy that loses a case or leaves its range fails.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+import pytest
+import torch
+from hypothesis import HealthCheck, Phase, find, given, settings
+from hypothesis import strategies as st
+
+from hybridmeta.core import BATCH, BOOL, INDEX, Dim, Pad, Role, field, metadata, tensor_field
+from hybridmeta.testing import Batch, batches, metadata_instances
+
+T = TypeVar("T")
+_FIND = settings(max_examples=3000, database=None, phases=(Phase.generate,),
+                 suppress_health_check=list(HealthCheck))  # fmt: skip
+_EVERY = settings(max_examples=60, database=None, deadline=None,
+                  suppress_health_check=list(HealthCheck))  # fmt: skip
+
+
+def reach(strategy: st.SearchStrategy[T], what: Callable[[T], bool]) -> T:
+    """An example satisfying ``what`` (the test fails when the strategy cannot draw one)."""
+    return find(strategy, what, settings=_FIND)
+
+
+# --------------------------------------------------------------------------- batches
+
+
+def test_batches_reach_both_ends_of_bs() -> None:
+    s = batches(max_bs=5, num_slots=10, min_bs=2, track=False)
+    assert reach(s, lambda b: b.bs == 2).bs == 2
+    assert reach(s, lambda b: b.bs == 5).bs == 5
+
+
+def test_batches_reach_the_first_and_last_slot() -> None:
+    s = batches(max_bs=2, num_slots=4, track=False)
+    reach(s, lambda b: 0 in b.slots)
+    reach(s, lambda b: 3 in b.slots)
+
+
+def test_batches_reach_a_pad_row_between_live_rows() -> None:
+    b = reach(
+        batches(max_bs=3, num_slots=6, pad_rows=True, track=False),
+        lambda b: b.bs == 3 and b.slots[1] == -1 and b.slots[0] >= 0 and b.slots[2] >= 0,
+    )
+    assert b.live_rows() == (0, 2)
+
+
+def test_batches_reach_every_track_case() -> None:
+    s = batches(max_bs=2, num_slots=6)
+    flagged = reach(s, lambda b: any(b.track_mask))
+    assert flagged.tracked_rows() and flagged.has_track
+    reach(s, lambda b: not any(b.track_mask) and all(t == -1 for t in b.track_slots))
+
+    # Unflagged rows carry -1, a spare slot, or a slot another row works on (never written).
+    def foreign(b: Batch) -> bool:
+        return any(
+            not m and t >= 0 and t in b.slots[:i] + b.slots[i + 1 :]
+            for i, (m, t) in enumerate(zip(b.track_mask, b.track_slots, strict=True))
+        )
+
+    shared = reach(s, foreign)
+    assert set(shared.addressed()) == set(shared.slots) | {
+        shared.track_slots[i] for i in shared.tracked_rows()
+    }
+    reach(s, lambda b: not b.track_mask[0] and b.track_slots[0] not in (-1, *b.slots))
+
+
+def test_batches_reach_every_prefill_mix_and_length() -> None:
+    s = batches(max_bs=3, num_slots=6, prefills=True, max_extend=5, track=False)
+    reach(s, lambda b: b.num_prefills == 0)
+    reach(s, lambda b: b.num_prefills == b.bs == 3)
+    reach(s, lambda b: 0 < b.num_prefills < b.bs)
+    reach(s, lambda b: 1 in b.extend_lens[: b.num_prefills])
+    reach(s, lambda b: 5 in b.extend_lens[: b.num_prefills])
+
+
+@_EVERY
+@given(b=batches(max_bs=3, num_slots=6, prefills=True, max_extend=5, draft_token_num=st.just(3)))
+def test_batch_extend_lens_stay_in_range(b: Batch) -> None:
+    assert all(1 <= n <= 5 for n in b.extend_lens[: b.num_prefills])
+    assert b.extend_lens[b.num_prefills :] == (3,) * b.num_decodes
+    assert b.draft_token_num == 3
+    assert b.draft_trees is not None and len(b.draft_trees) == b.bs
+    assert all(t.k == 3 for t in b.draft_trees)
+    assert 0 <= b.seed <= 2**16
+
+
+def test_batches_draw_draft_token_num_from_a_strategy() -> None:
+    s = batches(max_bs=1, num_slots=2, draft_token_num=st.integers(1, 3))
+    assert reach(s, lambda b: b.draft_token_num == 1).draft_trees is None
+    assert reach(s, lambda b: b.draft_token_num == 3).draft_trees is not None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_bs": 2, "num_slots": 3}, r"num_slots=3 < 4 \(2 \* max_bs with track\)"),
+        ({"max_bs": 2, "num_slots": 1, "track": False}, r"num_slots=1 < 2"),
+        ({"max_bs": 2, "num_slots": 4, "min_bs": 0}, r"need 1 <= min_bs <= max_bs, got 0, 2"),
+        ({"max_bs": 2, "num_slots": 4, "min_bs": 3}, r"need 1 <= min_bs <= max_bs, got 3, 2"),
+        (
+            {"max_bs": 2, "num_slots": 4, "draft_token_num": 0},
+            r"draft_token_num must be >= 1, got 0",
+        ),
+    ],
+)
+def test_batches_refuse_impossible_arguments(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        find(batches(**kwargs), lambda b: True, settings=_FIND)
+
+
+def test_batches_accept_the_smallest_pools() -> None:
+    assert reach(batches(max_bs=2, num_slots=2, track=False), lambda b: b.bs == 2).bs == 2
+    assert reach(batches(max_bs=2, num_slots=4), lambda b: b.bs == 2).bs == 2
+    assert reach(batches(max_bs=2, num_slots=4, min_bs=2), lambda b: True).bs == 2
+
+
+# --------------------------------------------------------------------------- metadata
+
+THINGS = Dim("things")
+
+
+@metadata
+class Probe:
+    """One field of each kind ``metadata_instances`` draws differently."""
+
+    slots: torch.Tensor = tensor_field(rows=BATCH, dtypes=INDEX, role=Role.WORKING_SLOT)
+    offsets: torch.Tensor = tensor_field(rows=BATCH + 1, dtypes=INDEX, pad=Pad.CUMULATIVE)
+    counts: torch.Tensor = tensor_field(rows=BATCH, dtypes=INDEX, pad=Pad.value(0))
+    mask: torch.Tensor = tensor_field(rows=BATCH, dtypes=BOOL, pad=Pad.value(False))
+    values: torch.Tensor = tensor_field(
+        rows=BATCH, dtypes=(torch.float32, torch.bfloat16), pad=Pad.value(0.0)
+    )
+    things: torch.Tensor = tensor_field(rows=THINGS, dtypes=INDEX)
+    free: torch.Tensor = tensor_field(dtypes=INDEX)
+    width: int = field(default=1)
+    table: torch.Tensor = tensor_field(rows=BATCH, cols="width", dtypes=INDEX, pad=Pad.value(-1))
+    grid: torch.Tensor = tensor_field(rows=BATCH, ndim=2, dtypes=INDEX, pad=Pad.value(0))
+    flag: bool = field(default=False)
+    ratio: float = field(default=0.0)
+    opt: int | None = field(default=None)
+    lens: tuple[int, ...] = field(default=())
+    maybe: torch.Tensor | None = tensor_field(
+        rows=BATCH, dtypes=INDEX, pad=Pad.value(-1), default=None
+    )
+    other: torch.Tensor | None = tensor_field(
+        rows=BATCH, dtypes=INDEX, pad=Pad.value(0), default=None
+    )
+
+
+_PROBES = metadata_instances(Probe, max_bs=3, max_rows=4, num_slots=5)
+
+
+def test_rows_symbols_reach_their_bounds() -> None:
+    reach(_PROBES, lambda m: m.slots.shape[0] == 1)
+    reach(_PROBES, lambda m: m.slots.shape[0] == 3)
+    reach(_PROBES, lambda m: m.things.shape[0] == 0)
+    reach(_PROBES, lambda m: m.things.shape[0] == 4)
+    reach(_PROBES, lambda m: m.free.shape[0] == 0)
+    reach(_PROBES, lambda m: m.free.shape[0] == 4)
+
+
+def test_slot_fields_reach_the_pad_and_the_last_slot() -> None:
+    reach(_PROBES, lambda m: bool((m.slots == -1).any()))
+    reach(_PROBES, lambda m: bool((m.slots == 4).any()))
+    reach(_PROBES, lambda m: bool((m.table == -1).any()))  # a slot field by its -1 pad
+    reach(_PROBES, lambda m: bool((m.counts == 4).any()))
+    reach(_PROBES, lambda m: bool((m.counts == 0).any()))
+
+
+def test_offsets_reach_empty_and_longest_rows() -> None:
+    reach(_PROBES, lambda m: bool(((m.offsets[1:] - m.offsets[:-1]) == 0).any()))
+    reach(_PROBES, lambda m: bool(((m.offsets[1:] - m.offsets[:-1]) == 4).any()))
+
+
+def test_tensor_values_reach_both_bools_and_both_dtypes() -> None:
+    reach(_PROBES, lambda m: bool(m.mask.any()))
+    reach(_PROBES, lambda m: not bool(m.mask.all()))
+    reach(_PROBES, lambda m: m.values.dtype == torch.bfloat16)
+    reach(_PROBES, lambda m: m.values.dtype == torch.float32)
+    reach(_PROBES, lambda m: bool((m.values != 0).any()))
+
+
+def test_two_d_widths_follow_the_declaration() -> None:
+    reach(_PROBES, lambda m: m.width == 1)
+    reach(_PROBES, lambda m: m.width == 4)
+    reach(_PROBES, lambda m: m.grid.shape[1] == 1)
+    reach(_PROBES, lambda m: m.grid.shape[1] == 3)
+
+
+def test_host_fields_reach_their_values() -> None:
+    reach(_PROBES, lambda m: m.flag)
+    reach(_PROBES, lambda m: not m.flag)
+    reach(_PROBES, lambda m: m.ratio < -1)
+    reach(_PROBES, lambda m: m.ratio > 1)
+    reach(_PROBES, lambda m: m.opt is None)
+    reach(_PROBES, lambda m: m.opt == 1)
+    reach(_PROBES, lambda m: m.opt == 4)
+    reach(_PROBES, lambda m: m.lens == ())
+    reach(_PROBES, lambda m: len(m.lens) == 4)
+
+
+def test_optional_fields_are_all_present_all_absent_or_each_drawn() -> None:
+    reach(_PROBES, lambda m: m.maybe is not None and m.other is not None)
+    reach(_PROBES, lambda m: m.maybe is None and m.other is None)
+    reach(_PROBES, lambda m: (m.maybe is None) != (m.other is None))
+
+
+@_EVERY
+@given(m=_PROBES)
+def test_every_draw_keeps_the_declared_ranges(m: Probe) -> None:
+    bs = m.slots.shape[0]
+    assert 1 <= bs <= 3
+    for t in (m.offsets, m.slots, m.counts, m.things, m.free, m.table, m.grid):
+        assert t.dtype in INDEX
+    assert m.offsets.shape == (bs + 1,) and int(m.offsets[0]) == 0
+    steps = m.offsets[1:] - m.offsets[:-1]
+    assert bool((steps >= 0).all()) and bool((steps <= 4).all())
+    assert bool((m.slots >= -1).all()) and bool((m.slots <= 4).all())
+    assert bool((m.table >= -1).all()) and bool((m.table <= 4).all())
+    # An index field that is not a slot (pad 0, not -1) never holds -1.
+    assert bool((m.counts >= 0).all()) and bool((m.counts <= 4).all())
+    assert bool((m.grid >= 0).all()) and bool((m.grid <= 4).all())
+    assert bool((m.things >= 0).all()) and bool((m.free >= 0).all())
+    assert 0 <= m.things.shape[0] <= 4 and 0 <= m.free.shape[0] <= 4
+    assert m.mask.dtype == torch.bool and m.mask.shape == (bs,)
+    assert bool((m.values.float().abs() <= 4).all())
+    assert 1 <= m.width <= 4 and m.table.shape == (bs, m.width)
+    assert m.grid.dim() == 2 and 1 <= m.grid.shape[1] <= 3
+    assert isinstance(m.flag, bool) and -4 <= m.ratio <= 4
+    assert m.opt is None or 1 <= m.opt <= 4
+    assert isinstance(m.lens, tuple) and len(m.lens) <= 4
+    assert all(1 <= n <= 4 for n in m.lens)
+    for opt in (m.maybe, m.other):
+        assert opt is None or opt.shape == (bs,)
+
+
+def test_cols_override_a_two_d_width() -> None:
+    s = metadata_instances(Probe, max_bs=2, cols={"grid": 2, "table": "width"})
+    m = reach(s, lambda m: m.width == 3)
+    assert m.grid.shape[1] == 2 and m.table.shape[1] == 3
+
+
+def test_values_override_fields_and_see_what_was_drawn() -> None:
+    seen: list[set[str]] = []
+
+    def opt_after(drawn: Mapping[str, Any]) -> st.SearchStrategy[int]:
+        seen.append(set(drawn))
+        return st.just(drawn["width"] + 10)
+
+    s = metadata_instances(Probe, max_bs=3, values={"width": st.just(2), "opt": opt_after})
+    m = reach(s, lambda m: True)
+    assert m.width == 2 and m.table.shape[1] == 2 and m.opt == 12
+    # Host fields are drawn first, in declaration order: the rows are not drawn yet.
+    assert seen and all("width" in names and "batch" not in names for names in seen)
+
+
+def test_governed_fields_follow_their_flag() -> None:
+    from hybridmeta import ForwardMetadata
+
+    s = metadata_instances(ForwardMetadata)
+    on = reach(s, lambda m: m.has_mamba_track_mask)
+    assert on.mamba_track_mask is not None and on.mamba_track_indices is not None
+    reach(s, lambda m: not m.has_mamba_track_mask and m.mamba_track_mask is not None)
+    reach(s, lambda m: not m.has_mamba_track_mask and m.mamba_track_mask is None)
+    reach(s, lambda m: m.is_target_verify and m.retrieve_parent_token is None)
+    reach(s, lambda m: m.is_target_verify and m.retrieve_parent_token is not None)
+
+
+def test_device_is_honoured() -> None:
+    m = reach(metadata_instances(Probe, device="meta"), lambda m: m.maybe is not None)
+    assert all(
+        t.device.type == "meta" for t in (m.slots, m.offsets, m.mask, m.values, m.table, m.maybe)
+    )
