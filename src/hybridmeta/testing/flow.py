@@ -145,25 +145,34 @@ def _sentinel_for(
     ``avoid`` (a default): draw only values that differ from it (``None`` is never drawn
     for an optional then, a bool is the other one), so a dropped field always shows."""
     strict = avoid is not _NOT_GIVEN
+
+    def off(value_of: Callable[[int], Any]) -> st.SearchStrategy[Any]:
+        # The value of the field's number; of a number past every field's (1..9_999)
+        # when that equals the default.
+        value = value_of(n)
+        return st.just(value_of(n + 10_000) if strict and _reaches(avoid, value) else value)
+
     if tp is bool:
         return st.just(not avoid) if strict and isinstance(avoid, bool) else st.booleans()
     if tp is int:
-        return st.just(n if not (strict and avoid == n) else n + 10_000)
+        return off(lambda k: k)
     if tp is float:
-        return st.just(n + 0.5)
+        return off(lambda k: k + 0.5)
     if tp is str:
-        return st.just(f"{name}#{n}")
+        return off(lambda k: f"{name}#{k}")
     if tp is torch.Tensor:
-        return st.just(torch.arange(length, dtype=torch.int64) + 100 * n)
+        return off(lambda k: torch.arange(length, dtype=torch.int64) + 100 * k)
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         members = [m for m in tp if not (strict and m == avoid)] or list(tp)
         return st.sampled_from(members)
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if args and type(None) in args:
         rest = [a for a in args if a is not type(None)]
-        inner = _sentinel_for(rest[0], name, n, length, avoid) if len(rest) == 1 else None
-        if inner is None:
-            return st.none()
+        inner = (
+            _sentinel_for(rest[0], name, n, length, avoid)
+            if len(rest) == 1
+            else st.just(Sentinel(name, n))  # a union of several types: as for one
+        )
         return inner if strict and avoid is None else st.one_of(st.none(), inner)
     if origin in (tuple, list) and args:
         inner = _sentinel_for(args[0], name, n, length)
@@ -470,10 +479,11 @@ def check_field_flow(
     via = getattr(construct, "__qualname__", repr(construct))
     _check_signature(construct, via, call_args, call_kwargs)
     src_fields = {f.name: f for f in class_fields(source, localns=localns)}
-    names = [n for n in (fields if fields is not None else src_fields) if n not in set(ignore)]
-    unknown = [n for n in names if n not in src_fields]
+    chosen = [n for n in (fields if fields is not None else src_fields) if n not in set(ignore)]
+    unknown = [n for n in chosen if n not in src_fields]
     if unknown:
         raise ValueError(f"check_field_flow: {source.__qualname__} has no field(s) {unknown}")
+    names = [n for n in src_fields if n in set(chosen)]  # source field order, each once
     renames = dict(rename or {})
     derived_fields: dict[str, Any] | None = (
         {f.name: f.default for f in class_fields(derived, localns=localns)}
