@@ -4,7 +4,8 @@ Compiles the kernels for ``sm_90a`` (the H200) with the installed Triton and its
 ptxas, at Nemotron-Nano-9B-v2 layer shapes with the launch options of
 :func:`hybridmeta.kernels._config.ssm_launch_config` (bf16: two warps, fp32: one), and prints
 the registers, stack and local memory (spills) of each (Triton's ptxas, read back from the
-cubin with the bundled ``cuobjdump``). Resident programs per SM follow from the registers
+cubin with the bundled ``cuobjdump``), and its SASS instructions split at its call targets
+(the entry and each outlined callee) with the memory instructions by opcode. Resident programs per SM follow from the registers
 (65,536 a SM, allocated per warp in units of 256). ``docs/perf_notes.md`` ("Round 3, third
 GPU session") used it to rule the register count out as the cause of the slot checks' cost
 in the bf16 tiles; use the Triton version of the GPU image (3.6.0 there) for the figures to
@@ -13,7 +14,7 @@ of a commit), ``--maxnreg`` caps ptxas as ``SsmLaunchConfig.max_regs`` does.
 
 Run (any machine, no GPU needed)::
 
-    PYTHONPATH=src:. python3 benchmarks/ptxas_regs.py --out "$OUT" [--src TREE/src]
+    PYTHONPATH=src:. python3 benchmarks/ptxas_regs.py --out "$OUT" [--src TREE/src] [--sass DIR]
 """
 
 from __future__ import annotations
@@ -57,8 +58,36 @@ def _ints() -> dict[str, int]:
     )  # fmt: skip
 
 
-def compile_case(kernel: str, dtype: str, rows: int, maxnreg: int | None) -> dict[str, Any]:
-    """ptxas's figures for one kernel variant (the module must be importable)."""
+_INSTR = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)(.*?);", re.M)
+_CALL = re.compile(r"CALL\.REL(?:\.NOINC)?\s+(0x[0-9a-f]+)")
+_MEMORY = ("LDG", "STG", "LDS", "STS", "LDL", "STL", "ATOM", "ATOMG", "RED", "LD", "ST")
+
+
+def sass_profile(sass: str) -> list[dict[str, Any]]:
+    """The kernel's SASS split at its call targets (the entry, then each outlined
+    ``noinline`` callee: the row body of a multi-row tile): per part, its first address,
+    its instruction count and its memory instructions by opcode (``LDG.E.128``: 16-byte
+    global loads)."""
+    ins = [(int(a, 16), op, rest) for a, op, rest in _INSTR.findall(sass)]
+    starts = sorted({0, *(int(t, 16) for _, op, rest in ins if op.startswith("CALL")
+                          for t in _CALL.findall(op + rest))})  # fmt: skip
+    parts: list[dict[str, Any]] = []
+    for i, lo in enumerate(starts):
+        hi = starts[i + 1] if i + 1 < len(starts) else 1 << 62
+        body = [op for a, op, _ in ins if lo <= a < hi]
+        memory: dict[str, int] = {}
+        for op in body:
+            if op.split(".")[0] in _MEMORY:
+                memory[op] = memory.get(op, 0) + 1
+        parts.append({"start": hex(lo), "instructions": len(body), "memory": memory})
+    return parts
+
+
+def compile_case(
+    kernel: str, dtype: str, rows: int, maxnreg: int | None, sass_dir: Path | None = None
+) -> dict[str, Any]:
+    """ptxas's figures for one kernel variant (the module must be importable); with
+    ``sass_dir``, its SASS (``cuobjdump -sass``) is written there too."""
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -118,8 +147,14 @@ def compile_case(kernel: str, dtype: str, rows: int, maxnreg: int | None) -> dic
         run = subprocess.run(
             [str(cuobjdump), "--dump-resource-usage", str(cubin)], capture_output=True, text=True
         )
-    if run.returncode != 0:
-        raise RuntimeError(f"cuobjdump failed on {kernel} {dtype} rows {rows}: {run.stderr}")
+        dis = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True)
+    if run.returncode != 0 or dis.returncode != 0:
+        raise RuntimeError(
+            f"cuobjdump failed on {kernel} {dtype} rows {rows}: {run.stderr}{dis.stderr}"
+        )
+    if sass_dir is not None:
+        sass_dir.mkdir(parents=True, exist_ok=True)
+        (sass_dir / f"{kernel}_{dtype}_rows{rows}.sass").write_text(dis.stdout)
     # One "Function" line per function (the kernel and its outlined callees): the largest.
     used = [int(m) for m in re.findall(r"REG:(\d+)", run.stdout)]
     local = [int(m) for m in re.findall(r"LOCAL:(\d+)", run.stdout)]
@@ -134,6 +169,7 @@ def compile_case(kernel: str, dtype: str, rows: int, maxnreg: int | None) -> dic
         "num_warps": warps, "registers": regs, "local_bytes": max(local, default=0),
         "stack_bytes": max(stack, default=0),
         "programs_per_sm": min(65536 // per_warp // warps, 32),
+        "sass": sass_profile(dis.stdout),
     }  # fmt: skip
 
 
@@ -143,6 +179,7 @@ def main() -> None:
     ap.add_argument("--src", type=Path, help="another tree's src/ to compile (default: this one)")
     ap.add_argument("--maxnreg", type=int, help="ptxas register cap")
     ap.add_argument("--tag", default="sm90a", help="file name tag")
+    ap.add_argument("--sass", type=Path, help="also write each case's SASS into this folder")
     args = ap.parse_args()
     # Compile, never interpret: set before hybridmeta chooses for a machine without CUDA.
     os.environ["TRITON_INTERPRET"] = "0"
@@ -152,12 +189,13 @@ def main() -> None:
 
     import hybridmeta
 
-    rows = [compile_case(k, d, r, args.maxnreg) for k, d, r in CASES]
+    rows = [compile_case(k, d, r, args.maxnreg, args.sass) for k, d, r in CASES]
     for r in rows:
+        parts = ", ".join(str(p["instructions"]) for p in r["sass"])
         print(
             f"{r['kernel']:6} {r['state_dtype']} rows {r['rows']:2}: {r['registers']} registers, "
             f"local memory {r['local_bytes']} B, stack {r['stack_bytes']} B, "
-            f"{r['programs_per_sm']} programs an SM"
+            f"{r['programs_per_sm']} programs an SM; SASS instructions (entry, callees) {parts}"
         )
     result = {
         "target": "cuda sm_90a (ptxas bundled with Triton)",

@@ -3,6 +3,7 @@ ptxas's figures, honouring a register cap."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -42,3 +43,37 @@ def test_every_case_is_compiled_and_capped(tmp_path: Path) -> None:
         assert c["local_bytes"] >= 0 and c["stack_bytes"] >= 0
     # each case on one line of the printed table
     assert proc.stdout.count("registers") == len(res["cases"])
+    for c in res["cases"]:
+        parts = c["sass"]
+        assert parts[0]["start"] == "0x0" and all(p["instructions"] > 0 for p in parts), c
+        memory = [op for p in parts for op in p["memory"]]
+        assert any(op.startswith("LDG.E.128") for op in memory), c  # the state tile's loads
+        assert any(op.startswith("STG.E.128") for op in memory), c
+        if c["rows"] > 1:  # the row body is an outlined callee
+            assert len(parts) >= 2, c
+
+
+_SASS = """
+        /*0000*/                   LDC R1, c[0x0][0x28] ;         /* 0x00000a00ff017b82 */
+        /*0010*/                   LDG.E.64 R4, desc[UR10][R4.64] ;
+        /*0020*/               @P0 CALL.REL.NOINC 0x60 ;
+        /*0030*/              @!P1 STG.E.128 desc[UR10][R2.64], R8 ;
+        /*0040*/                   EXIT ;
+        /*0050*/                   BRA 0x50 ;
+        /*0060*/                   ATOMG.E.CAS.64.STRONG.GPU PT, R2, [R4], R6, R8 ;
+        /*0070*/                   LDG.E.64 R4, desc[UR10][R4.64] ;
+        /*0080*/                   RET.REL.NODEC R12 0x0 ;
+"""
+
+
+def test_sass_profile_splits_at_call_targets_and_counts_memory_ops() -> None:
+    # Loaded from its file (the script is not a package module mypy checks).
+    spec = importlib.util.spec_from_file_location("ptxas_regs", ROOT / "benchmarks" / "ptxas_regs.py")
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.sass_profile(_SASS) == [
+        {"start": "0x0", "instructions": 6, "memory": {"LDG.E.64": 1, "STG.E.128": 1}},
+        {"start": "0x60", "instructions": 3,
+         "memory": {"ATOMG.E.CAS.64.STRONG.GPU": 1, "LDG.E.64": 1}},
+    ]  # fmt: skip
