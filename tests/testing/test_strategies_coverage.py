@@ -142,6 +142,10 @@ class Probe:
     values: torch.Tensor = tensor_field(
         rows=BATCH, dtypes=(torch.float32, torch.bfloat16), pad=Pad.value(0.0)
     )
+    anything: torch.Tensor = tensor_field(rows=BATCH, pad=Pad.value(0.0))  # no dtypes declared
+    weights: torch.Tensor = tensor_field(
+        rows=BATCH, ndim=2, dtypes=(torch.float32,), pad=Pad.value(0.0)
+    )
     things: torch.Tensor = tensor_field(rows=THINGS, dtypes=INDEX)
     free: torch.Tensor = tensor_field(dtypes=INDEX)
     width: int = field(default=1)
@@ -189,7 +193,8 @@ def test_tensor_values_reach_both_bools_and_both_dtypes() -> None:
     reach(_PROBES, lambda m: not bool(m.mask.all()))
     reach(_PROBES, lambda m: m.values.dtype == torch.bfloat16)
     reach(_PROBES, lambda m: m.values.dtype == torch.float32)
-    reach(_PROBES, lambda m: bool((m.values != 0).any()))
+    reach(_PROBES, lambda m: bool((m.values < -1).any()))
+    reach(_PROBES, lambda m: bool((m.values > 1).any()))
 
 
 def test_two_d_widths_follow_the_declaration() -> None:
@@ -236,6 +241,12 @@ def test_every_draw_keeps_the_declared_ranges(m: Probe) -> None:
     assert 0 <= m.things.shape[0] <= 4 and 0 <= m.free.shape[0] <= 4
     assert m.mask.dtype == torch.bool and m.mask.shape == (bs,)
     assert bool((m.values.float().abs() <= 4).all())
+    # Float values are drawn half-precision-exact (they survive the engine's casts), in
+    # float32 where no dtype is declared; 2-D float fields are filled row by row.
+    for v in (m.values, m.weights, m.anything):
+        assert torch.equal(v.float().half().float(), v.float())
+    assert m.anything.dtype == torch.float32 and m.anything.shape == (bs,)
+    assert m.weights.dtype == torch.float32 and m.weights.shape[0] == bs
     assert 1 <= m.width <= 4 and m.table.shape == (bs, m.width)
     assert m.grid.dim() == 2 and 1 <= m.grid.shape[1] <= 3
     assert isinstance(m.flag, bool) and -4 <= m.ratio <= 4
