@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis import strategies as st
 
 from hybridmeta.core import BATCH, BOOL, INDEX, Dim, Pad, Role, field, metadata, tensor_field
-from hybridmeta.testing import Batch, batches, metadata_instances
+from hybridmeta.testing import Batch, TailFill, batches, fill_tail, metadata_instances
 
 T = TypeVar("T")
 _FIND = settings(max_examples=3000, database=None, phases=(Phase.generate,),
@@ -294,3 +294,36 @@ def test_device_is_honoured() -> None:
     assert all(
         t.device.type == "meta" for t in (m.slots, m.offsets, m.mask, m.values, m.table, m.maybe)
     )
+
+
+# --------------------------------------------------------------------------- stale tails
+
+
+def _filled(dtype: torch.dtype, fill: TailFill, num_slots: int = 5, seed: int = 0) -> torch.Tensor:
+    t = torch.full((64,), 3).to(dtype)
+    fill_tail(t, fill, num_slots=num_slots, seed=seed)
+    assert t.dtype == dtype and t.shape == (64,)
+    return t
+
+
+def test_other_slots_are_random_legal_values_fixed_by_the_seed() -> None:
+    ints = _filled(torch.int32, TailFill.OTHER_SLOTS)
+    assert set(ints.tolist()) == set(range(5)), "every slot of the pool, none outside"
+    flags = _filled(torch.bool, TailFill.OTHER_SLOTS)
+    assert bool(flags.any()) and not bool(flags.all())
+    floats = _filled(torch.float32, TailFill.OTHER_SLOTS)
+    assert bool((floats < 0).any()) and bool((floats > 0).any())
+    for dtype in (torch.int64, torch.bool, torch.bfloat16):
+        a, b = (
+            _filled(dtype, TailFill.OTHER_SLOTS, seed=7),
+            _filled(dtype, TailFill.OTHER_SLOTS, seed=7),
+        )
+        assert torch.equal(a, b), "the same seed, the same stale tail"
+        assert not torch.equal(a, _filled(dtype, TailFill.OTHER_SLOTS, seed=8))
+
+
+def test_index_fills_of_a_one_slot_pool_stay_in_it() -> None:
+    for fill in (TailFill.ZEROS, TailFill.NAN, TailFill.HUGE, TailFill.OTHER_SLOTS):
+        assert set(_filled(torch.int64, fill, num_slots=1).tolist()) == {0}, fill
+    # NaN has no integer: an index buffer gets other slots.
+    assert len(set(_filled(torch.int64, TailFill.NAN).tolist())) > 1
