@@ -98,6 +98,13 @@ def test_row_close_uses_rtol_and_atol_and_equal_nan() -> None:
     ]
 
 
+def test_row_close_with_a_tolerance_of_one_side_only() -> None:
+    a = torch.tensor([[2.0], [2.0]])
+    b = torch.tensor([[2.5], [-2.0]])
+    assert _row_close(a, b, (0.0, 1.0)).tolist() == [True, False]  # atol alone
+    assert _row_close(a, b, (1.0, 0.0)).tolist() == [True, False]  # rtol alone: |d| <= |b|
+
+
 def test_row_close_never_rounds_integers() -> None:
     a, b = torch.tensor([[3], [4]]), torch.tensor([[3], [5]])
     assert _row_close(a, b, (1.0, 1.0)).tolist() == [True, False]
@@ -114,7 +121,7 @@ def test_maxdiff() -> None:
 
 @pytest.mark.parametrize("num_slots", [1, 2, 5])
 def test_perturb_changes_every_element_to_a_legal_value(num_slots: int) -> None:
-    ints = torch.tensor([-1, 0, 1, num_slots - 1])
+    ints = torch.tensor([-2, -1, 0, 1, num_slots - 1])
     before = ints.clone()
     _perturb(ints, num_slots)
     assert bool((ints != before).all())
@@ -187,11 +194,11 @@ def test_an_output_row_off_by_an_ulp_is_named() -> None:
 
 def test_missing_and_misshapen_outputs() -> None:
     m, before = _machine(), _pools()
-    ref = Reference(pools={}, outputs={"y": torch.zeros(2, 3), "z": torch.zeros(2)})
+    ref = Reference(pools={}, outputs={"z": torch.zeros(2), "y": torch.zeros(2, 3)})
     problems = m._compare(_batch((-1, -1)), before, before, {"y": torch.zeros(4, 2)}, ref)
     assert problems == [
-        "output 'y': live rows have shape (2, 2), the reference (2, 3)",
         "output 'z': the captured forward did not return it",
+        "output 'y': live rows have shape (2, 2), the reference (2, 3)",
     ]
 
 
@@ -206,6 +213,36 @@ def test_rows_of_several_entries_a_request_are_named_by_request() -> None:
     assert problems == [
         "output 'y': row 1 differs from the eager reference (max |diff| 1)",
         "output 'y': row 2 differs from the eager reference (max |diff| nan)",
+    ]
+
+
+def test_one_request_of_two_rows_is_request_0() -> None:
+    m, before = _machine(), _pools()
+    want = torch.zeros(2, 1)
+    got = want.clone()
+    got[1] = 1.0
+    ref = Reference(pools={}, outputs={"y": want})
+    assert m._compare(_batch((-1,)), before, before, {"y": got}, ref) == [
+        "output 'y': row 0 differs from the eager reference (max |diff| 1)"
+    ]
+
+
+def test_the_reference_is_compared_in_the_replays_dtype() -> None:
+    # An fp32 reference against a bf16 graph: equal once rounded to bf16.
+    m = _machine()
+    before = {"pool": torch.arange(11, dtype=torch.bfloat16)[:, None]}
+    ref_pool = before["pool"].float()
+    ref_pool[3] += 1e-3  # rounds back to the bf16 value: the reference did not write slot 3
+    ref_pool[2] = 7.001  # slot 2, addressed: 7 in bf16
+    after = before["pool"].clone()
+    after[2] = 7.0
+    ref = Reference(pools={"pool": ref_pool}, outputs={"y": torch.tensor([[1.0001]])})
+    outs = {"y": torch.tensor([[1.0]], dtype=torch.bfloat16)}
+    assert m._compare(_batch((2,)), before, {"pool": after}, outs, ref) == []
+    # Slot 3 unchanged in bf16 is not "written by the reference": changing it is caught.
+    after[3] = 30.0
+    assert m._compare(_batch((2,)), before, {"pool": after}, outs, ref) == [
+        "pool 'pool': slot 3 changed, but no live row addresses it"
     ]
 
 
