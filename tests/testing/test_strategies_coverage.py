@@ -17,9 +17,11 @@ import pytest
 import torch
 from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis import strategies as st
+from hypothesis.errors import NoSuchExample
 
 from hybridmeta.core import BATCH, BOOL, INDEX, Dim, Pad, Role, field, metadata, tensor_field
 from hybridmeta.testing import Batch, TailFill, batches, fill_tail, metadata_instances
+from hybridmeta.testing.strategies import _non_tensor_strategy
 
 T = TypeVar("T")
 _FIND = settings(max_examples=3000, database=None, phases=(Phase.generate,),
@@ -188,6 +190,37 @@ def test_offsets_reach_empty_and_longest_rows() -> None:
     reach(_PROBES, lambda m: bool(((m.offsets[1:] - m.offsets[:-1]) == 4).any()))
 
 
+def _has_dtype(name: str, dtype: torch.dtype) -> Callable[[Probe], bool]:
+    return lambda m: bool(getattr(m, name).dtype == dtype)
+
+
+def test_index_fields_reach_each_declared_dtype() -> None:
+    for name in ("slots", "offsets", "counts"):  # slot ids, offsets, other indices
+        for dtype in INDEX:
+            reach(_PROBES, _has_dtype(name, dtype))
+
+
+def test_host_annotations_map_to_bounded_strategies() -> None:
+    floats, ints = _non_tensor_strategy(float), _non_tensor_strategy(int)
+    assert floats is not None and ints is not None
+    for bad in (lambda x: x > 4, lambda x: x < -4):
+        with pytest.raises(NoSuchExample):
+            find(floats, bad, settings=_FIND)
+    with pytest.raises(NoSuchExample):
+        find(ints, lambda x: not 1 <= x <= 4, settings=_FIND)
+    # Only variadic tuples of drawable items are drawable; an optional of an undrawable
+    # type is always None.
+    assert _non_tensor_strategy(tuple[int, int]) is None
+    assert _non_tensor_strategy(tuple[object, ...]) is None
+    assert _non_tensor_strategy(object) is None
+    none_only = _non_tensor_strategy(object | None)
+    assert none_only is not None
+    with pytest.raises(NoSuchExample):
+        find(none_only, lambda v: v is not None, settings=_FIND)
+    several = _non_tensor_strategy(int | str | None)
+    assert several is None
+
+
 def test_tensor_values_reach_both_bools_and_both_dtypes() -> None:
     reach(_PROBES, lambda m: bool(m.mask.any()))
     reach(_PROBES, lambda m: not bool(m.mask.all()))
@@ -320,6 +353,12 @@ def test_other_slots_are_random_legal_values_fixed_by_the_seed() -> None:
         )
         assert torch.equal(a, b), "the same seed, the same stale tail"
         assert not torch.equal(a, _filled(dtype, TailFill.OTHER_SLOTS, seed=8))
+
+
+def test_a_one_row_tail_is_filled() -> None:
+    t = torch.full((1,), 2.0)  # one element
+    fill_tail(t, TailFill.NAN, num_slots=4)
+    assert bool(t.isnan().all())
 
 
 def test_index_fills_of_a_one_slot_pool_stay_in_it() -> None:
