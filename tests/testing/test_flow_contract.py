@@ -721,7 +721,12 @@ def test_each_binding_error_inside_the_constructor_is_a_usage_error(
         "check_field_flow: test_each_binding_error_inside_the_constructor_is_a_usage_error."
         "<locals>.construct cannot be called as "
     )
-    assert why in msg and "This is a usage error, not a field-flow finding" in msg
+    assert why in msg and msg.endswith(
+        ". This is a usage error, not a field-flow finding: the constructor is called as "
+        "construct(source, *args, **kwargs); pass its other arguments with args=(...) and "
+        "kwargs={...}, or a callable of the source alone (e.g. lambda fwd: "
+        "prepare_decode(fwd, seq_lens, is_target_verify=fwd.is_target_verify))"
+    )
     assert isinstance(info.value.__cause__, TypeError) and why in str(info.value.__cause__)
     assert calls == 1  # the first usage error ends the search
 
@@ -775,3 +780,36 @@ def test_a_usage_error_raised_by_the_constructor_passes_through() -> None:
     with pytest.raises(FieldFlowUsageError) as info:
         check_field_flow(Src, nested, settings=_QUICK)
     assert info.value is inner
+
+
+# ------------------------------------------------------------------ mutation survivors
+
+
+def test_optional_and_sequence_sentinels_keep_the_field_name_and_tensor_length() -> None:
+    # An optional string is the field's own text; a tuple of tensors has the drawn length.
+    text = find(_sentinel_for(str | None, "tag", 3, 2), lambda v: v is not None, settings=_FIND)
+    assert text == "tag#3"
+    tensors = find(_sentinel_for(tuple[torch.Tensor, ...], "ts", 3, 2), lambda v: True,
+                   settings=_FIND)  # fmt: skip
+    assert isinstance(tensors, tuple) and all(t.tolist() == [300, 301] for t in tensors)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Holder:
+    data: torch.Tensor
+
+
+def test_sentinel_tensors_are_one_to_four_long_by_default() -> None:
+    lengths = sentinel_instances(_Holder).map(lambda h: int(h.data.shape[0]))
+    assert find(lengths, lambda n: n == 4, settings=_FIND) == 4
+    assert find(lengths, lambda n: n == 1, settings=_FIND) == 1
+    with pytest.raises(NoSuchExample):
+        find(lengths, lambda n: not 1 <= n <= 4, settings=_FIND)
+
+
+def test_assert_field_flow_passes_its_options_on() -> None:
+    with pytest.raises(FieldFlowError):
+        assert_field_flow(Src, drop_flag, settings=_QUICK)
+    # The dropped field ignored, the same constructor passes.
+    report = assert_field_flow(Src, drop_flag, ignore=("flag",), settings=_QUICK)
+    assert report.ok and "flag" not in report.checked
