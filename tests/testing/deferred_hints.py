@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from hybridmeta.core import BATCH, INDEX, Role, field, metadata, tensor_field
+
 if TYPE_CHECKING:  # never true at run time
     from fractions import Fraction as SchedulerOutput
 
@@ -31,3 +33,16 @@ def build(src: DeferredSource) -> DeferredDerived:
         slots=src.slots, num_decodes=src.num_decodes, scheduler_output=src.scheduler_output,
         num_prefills=0,
     )  # fmt: skip
+
+
+if TYPE_CHECKING:
+    from torch import Tensor as DeviceTensor
+
+
+@metadata
+class DeferredMeta:
+    """A metadata class with a tensor and a host field whose annotations do not evaluate."""
+
+    slots: DeviceTensor = tensor_field(rows=BATCH, dtypes=INDEX, role=Role.WORKING_SLOT)
+    scheduler_output: SchedulerOutput | None = field(default=None)
+    count: int = field(default=1)

@@ -366,3 +366,26 @@ def test_index_fills_of_a_one_slot_pool_stay_in_it() -> None:
         assert set(_filled(torch.int64, fill, num_slots=1).tolist()) == {0}, fill
     # NaN has no integer: an index buffer gets other slots.
     assert len(set(_filled(torch.int64, TailFill.NAN).tolist())) > 1
+
+
+# --------------------------------------------------------------------------- deferred hints
+
+
+def test_an_unresolvable_host_hint_is_named_and_a_tensor_hint_is_not_needed() -> None:
+    from tests.testing.deferred_hints import DeferredMeta
+
+    with pytest.raises(TypeError) as info:
+        find(metadata_instances(DeferredMeta), lambda m: True, settings=_FIND)
+    msg = str(info.value)
+    # The tensor field is drawn from its declaration: only the host field is named.
+    assert msg.startswith(
+        "metadata_instances(DeferredMeta): cannot resolve the type hint of DeferredMeta "
+        "field(s) 'scheduler_output': 'SchedulerOutput | None' (NameError: name "
+        "'SchedulerOutput' is not defined)."
+    )
+    assert "values={'scheduler_output': strategy}" in msg and "'slots'" not in msg
+    # localns resolves it (here to an int: drawn as one), values= replaces it.
+    by_localns = metadata_instances(DeferredMeta, localns={"SchedulerOutput": int})
+    assert reach(by_localns, lambda m: m.scheduler_output == 3).slots.dtype in INDEX
+    by_values = metadata_instances(DeferredMeta, values={"scheduler_output": st.just(None)})
+    assert reach(by_values, lambda m: m.count == 4).scheduler_output is None
