@@ -813,3 +813,53 @@ def test_assert_field_flow_passes_its_options_on() -> None:
     # The dropped field ignored, the same constructor passes.
     report = assert_field_flow(Src, drop_flag, ignore=("flag",), settings=_QUICK)
     assert report.ok and "flag" not in report.checked
+
+
+def test_an_absent_attribute_is_not_a_default_taken() -> None:
+    @dataclasses.dataclass(frozen=True)
+    class Narrow:
+        slots: torch.Tensor
+
+    report = check_field_flow(Src, lambda s: Narrow(slots=s.slots), settings=_QUICK)
+    assert report.failures and all(f.derived_value == "<absent>" for f in report.failures)
+    assert not any(f.took_default for f in report.failures)
+
+
+def test_a_metadata_source_with_deferred_hints() -> None:
+    from tests.testing.deferred_hints import DeferredMeta
+
+    def copy(m: DeferredMeta) -> DeferredMeta:
+        return DeferredMeta(slots=m.slots, scheduler_output=m.scheduler_output, count=m.count)
+
+    def drop_count(m: DeferredMeta) -> DeferredMeta:
+        return DeferredMeta(slots=m.slots, scheduler_output=m.scheduler_output)
+
+    with pytest.raises(TypeError) as info:
+        check_field_flow(DeferredMeta, copy, settings=_QUICK)
+    msg = str(info.value)
+    # Only the host field: the tensor field is drawn from its declaration.
+    assert msg.startswith(
+        "check_field_flow: cannot resolve the type hint of DeferredMeta field(s) "
+        "'scheduler_output': 'SchedulerOutput | None'"
+    )
+    assert "'slots'" not in msg and not isinstance(info.value, FieldFlowUsageError)
+    # Resolved through localns (to int: drawn as one) or drawn through values=.
+    assert check_field_flow(DeferredMeta, copy, localns={"SchedulerOutput": int},
+                            settings=_QUICK).ok  # fmt: skip
+    by_values = check_field_flow(DeferredMeta, drop_count, settings=_QUICK,
+                                 values={"scheduler_output": st.just(None)})  # fmt: skip
+    assert by_values.dropped == ("count",)
+
+
+def test_the_given_settings_bound_the_search() -> None:
+    calls = 0
+
+    def count(s: Src) -> Dst:
+        nonlocal calls
+        calls += 1
+        return copy_all(s)
+
+    few = settings(resolve_settings(), max_examples=3, derandomize=True)
+    assert check_field_flow(Src, count, derived=Dst, settings=few).ok
+    # Three examples (the search and the all-fields pass may each replay a few).
+    assert 1 <= calls <= 12

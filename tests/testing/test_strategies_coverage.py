@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import NoSuchExample
 
 from hybridmeta.core import BATCH, BOOL, INDEX, Dim, Pad, Role, field, metadata, tensor_field
-from hybridmeta.testing import Batch, TailFill, batches, fill_tail, metadata_instances
+from hybridmeta.testing import Batch, DraftTree, TailFill, batches, fill_tail, metadata_instances
 from hybridmeta.testing.strategies import _non_tensor_strategy
 
 T = TypeVar("T")
@@ -389,3 +389,40 @@ def test_an_unresolvable_host_hint_is_named_and_a_tensor_hint_is_not_needed() ->
     assert reach(by_localns, lambda m: m.scheduler_output == 3).slots.dtype in INDEX
     by_values = metadata_instances(DeferredMeta, values={"scheduler_output": st.just(None)})
     assert reach(by_values, lambda m: m.count == 4).scheduler_output is None
+
+
+# --------------------------------------------------------------------------- Batch
+
+
+def test_slot_zero_is_a_live_slot_and_a_track_slot() -> None:
+    b = Batch(slots=(0, -1, 2), track_slots=(1, 0, 0), track_mask=(True, True, False),
+              extend_lens=(1, 1, 1))  # fmt: skip
+    assert b.live_rows() == (0, 2)
+    assert b.tracked_rows() == (0,)  # the pad row's flag does not count
+    b0 = Batch(slots=(1,), track_slots=(0,), track_mask=(True,), extend_lens=(1,))
+    assert b0.tracked_rows() == (0,) and b0.addressed() == {
+        1: "working slot of row 0",
+        0: "track slot of row 0",
+    }
+
+
+def test_a_batch_with_rows_of_different_lengths_is_refused_where_read() -> None:
+    b = Batch(slots=(1, 2), track_slots=(3,), track_mask=(True, True), extend_lens=(1, 1))
+    with pytest.raises(ValueError, match="shorter than argument"):
+        b.tracked_rows()
+
+
+def test_batch_repr_names_prefills_and_drafts() -> None:
+    tree = DraftTree(parent=(-1, 0), next_token=(1, -1), next_sibling=(-1, -1))
+    b = Batch(slots=(1,), track_slots=(-1,), track_mask=(False,), extend_lens=(2,),
+              draft_token_num=2, draft_trees=(tree,), seed=5)  # fmt: skip
+    assert repr(b) == (
+        "Batch(bs=1, slots=(1,), track_slots=(-1,), track_mask=(False,), draft_token_num=2, "
+        f"draft_trees={(tree,)}, seed=5)"
+    )
+    p = Batch(slots=(1, 2), track_slots=(-1, -1), track_mask=(False, False),
+              extend_lens=(4, 1), num_prefills=1)  # fmt: skip
+    assert repr(p) == (
+        "Batch(bs=2, slots=(1, 2), track_slots=(-1, -1), track_mask=(False, False), "
+        "num_prefills=1, extend_lens=(4, 1), seed=0)"
+    )
