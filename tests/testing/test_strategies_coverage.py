@@ -24,7 +24,9 @@ from hybridmeta.testing import Batch, DraftTree, TailFill, batches, fill_tail, m
 from hybridmeta.testing.strategies import _non_tensor_strategy
 
 T = TypeVar("T")
-_FIND = settings(max_examples=3000, database=None, phases=(Phase.generate,),
+# Derandomized: the same draws on every machine, so a reachability check cannot pass here
+# and miss its case elsewhere.
+_FIND = settings(max_examples=3000, database=None, phases=(Phase.generate,), derandomize=True,
                  suppress_health_check=list(HealthCheck))  # fmt: skip
 _EVERY = settings(max_examples=60, database=None, deadline=None,
                   suppress_health_check=list(HealthCheck))  # fmt: skip
