@@ -5,8 +5,9 @@ ptxas, at Nemotron-Nano-9B-v2 layer shapes with the launch options of
 :func:`hybridmeta.kernels._config.ssm_launch_config` (bf16: two warps, fp32: one), and prints
 the registers, stack and local memory (spills) of each (Triton's ptxas, read back from the
 cubin with the bundled ``cuobjdump``), and its SASS instructions split at its call targets
-(the entry and each outlined callee) with the memory instructions by opcode. Resident programs per SM follow from the registers
-(65,536 a SM, allocated per warp in units of 256). ``docs/perf_notes.md`` ("Round 3, third
+(the entry and each outlined callee) with the memory instructions by opcode. Resident
+programs per SM follow from the registers (65,536 a SM, allocated per warp in units of
+256). ``docs/perf_notes.md`` ("Round 3, third
 GPU session") used it to rule the register count out as the cause of the slot checks' cost
 in the bf16 tiles; use the Triton version of the GPU image (3.6.0 there) for the figures to
 carry over. ``--src`` compiles another tree's kernels (a ``git archive``
@@ -27,6 +28,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -75,11 +77,8 @@ def sass_profile(sass: str) -> list[dict[str, Any]]:
     for i, lo in enumerate(starts):
         hi = starts[i + 1] if i + 1 < len(starts) else 1 << 62
         body = [op for a, op, _ in ins if lo <= a < hi]
-        memory: dict[str, int] = {}
-        for op in body:
-            if op.split(".")[0] in _MEMORY:
-                memory[op] = memory.get(op, 0) + 1
-        parts.append({"start": hex(lo), "instructions": len(body), "memory": memory})
+        memory = Counter(op for op in body if op.split(".")[0] in _MEMORY)
+        parts.append({"start": hex(lo), "instructions": len(body), "memory": dict(memory)})
     return parts
 
 
