@@ -87,11 +87,15 @@ def compile_case(
 ) -> dict[str, Any]:
     """ptxas's figures for one kernel variant (the module must be importable); with
     ``sass_dir``, its SASS (``cuobjdump -sass``) is written there too."""
+    import torch
     import triton
     from triton.backends.compiler import GPUTarget
 
     import hybridmeta.kernels.ssm_update as su
     import hybridmeta.kernels.ssm_verify as sv
+    from hybridmeta.kernels._config import ssm_launch_config
+
+    ints_const = _ints()
 
     ptrs = {
         "state_ptr": f"*{dtype}", "x_ptr": "*bf16", "dt_ptr": "*fp32", "dt_bias_ptr": "*fp32",
@@ -99,20 +103,28 @@ def compile_case(
         "z_ptr": "*bf16", "out_ptr": "*bf16", "src_ptr": "*i64", "err_ptr": "*i64",
         "inter_ptr": f"*{dtype}",
     }  # fmt: skip
-    block_p = 8 if dtype == "bf16" else 4
+    # The tile and warps the tree's own launch configuration picks at these shapes.
+    torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
+    cfg = (
+        sv.ssm_verify_launch_config(P, N) if kernel == "verify"
+        else ssm_launch_config(torch_dtype, P, N)
+    )  # fmt: skip
     flags = dict(DT_SOFTPLUS=True, HAS_DT_BIAS=True, HAS_D=True, HAS_Z=True, BLOCK_N=N)
-    opts: dict[str, Any] = {"num_warps": 2 if dtype == "bf16" else 1}
+    opts: dict[str, Any] = {"num_warps": cfg.num_warps}
     if kernel == "tile":
         fn = su._ssm_update_tile_kernel
-        cx = dict(flags, HAS_DST=False, HAS_TRACK=False, BLOCK_P=block_p, ROWS=rows)
+        cx = dict(flags, HAS_DST=False, HAS_TRACK=False, BLOCK_P=cfg.block_p, ROWS=rows,
+                  LATE_POISON=getattr(cfg, "late_poison", False))  # fmt: skip
     elif kernel == "walk":
         fn = su._ssm_update_kernel
-        cx = dict(flags, HAS_DST=False, HAS_TRACK=False, BLOCK_P=4, ROW_BLOCK=64,
-                  N_PTILES=P // 4)  # fmt: skip
-        opts = {"num_warps": 1, "num_stages": 1}
+        cx = dict(flags, HAS_DST=False, HAS_TRACK=False, BLOCK_P=cfg.block_p,
+                  ROW_BLOCK=cfg.row_block, N_PTILES=-(-P // cfg.block_p))  # fmt: skip
+        opts = {"num_warps": cfg.num_warps, "num_stages": 1}
     else:
         fn = sv._ssm_verify_kernel
-        cx = dict(flags, HAS_PARENT=False, HAS_NDRAFT=False, BLOCK_P=block_p)
+        cx = dict(flags, HAS_PARENT=False, HAS_NDRAFT=False, BLOCK_P=cfg.block_p)
+    # A tree that makes the pad id and pool size constexprs compiles with the values here.
+    cx.update(pad_id=ints_const["pad_id"], n_slots=ints_const["n_slots"])
     if maxnreg is not None:
         opts["maxnreg"] = maxnreg
     ints = _ints()
@@ -179,6 +191,9 @@ def main() -> None:
     ap.add_argument("--maxnreg", type=int, help="ptxas register cap")
     ap.add_argument("--tag", default="sm90a", help="file name tag")
     ap.add_argument("--sass", type=Path, help="also write each case's SASS into this folder")
+    ap.add_argument(
+        "--cases", help="comma-separated kernel:dtype:rows (e.g. tile:bf16:1), default: all"
+    )
     args = ap.parse_args()
     # Compile, never interpret: set before hybridmeta chooses for a machine without CUDA.
     os.environ["TRITON_INTERPRET"] = "0"
@@ -188,7 +203,13 @@ def main() -> None:
 
     import hybridmeta
 
-    rows = [compile_case(k, d, r, args.maxnreg, args.sass) for k, d, r in CASES]
+    cases = CASES
+    if args.cases:
+        wanted = {tuple(c.split(":")) for c in args.cases.split(",")}
+        cases = tuple(c for c in CASES if (c[0], c[1], str(c[2])) in wanted)
+        if not cases:
+            ap.error(f"--cases: none of {sorted(wanted)} is a case of {CASES}")
+    rows = [compile_case(k, d, r, args.maxnreg, args.sass) for k, d, r in cases]
     for r in rows:
         parts = ", ".join(str(p["instructions"]) for p in r["sass"])
         print(

@@ -53,6 +53,40 @@ def test_every_case_is_compiled_and_capped(tmp_path: Path) -> None:
             assert len(parts) >= 2, c
 
 
+def test_the_slot_checks_cost_no_resident_programs(tmp_path: Path) -> None:
+    """Each SSM kernel as benchmarked (no register cap) keeps as many resident programs an SM
+    as the same kernel before the in-kernel slot checks: ``a7d86ad``, compiled by this script
+    with the same Triton (``benchmarks/results/ptxas_regs_base_triton<ver>.json``). The checks
+    once cost 8 registers a thread in the bf16 tiles (16 -> 14 and 14 -> 12 programs an SM,
+    4-6.5% on the H200); a change that brings that back fails here, on the CPU."""
+    triton = pytest.importorskip("triton")
+    pytest.importorskip("triton.backends.nvidia")
+    if not (Path(str(triton.__file__)).parent / "backends/nvidia/bin/cuobjdump").exists():
+        pytest.skip("this Triton has no bundled cuobjdump")
+    major, minor = triton.__version__.split(".")[:2]
+    ref_file = ROOT / "benchmarks" / "results" / f"ptxas_regs_base_triton{major}{minor}.json"
+    if not ref_file.exists():
+        pytest.skip(f"no unchecked-kernel figures recorded for Triton {triton.__version__}")
+    ref = json.loads(ref_file.read_text())
+    assert ref["triton"] == triton.__version__, "rerun ptxas_regs.py on a7d86ad for this Triton"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
+    env.pop("TRITON_INTERPRET", None)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "ptxas_regs.py"), "--out", str(tmp_path),
+         "--tag", "now"],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    now = json.loads((tmp_path / "ptxas_regs_now.json").read_text())
+    before = {(c["kernel"], c["state_dtype"], c["rows"]): c for c in ref["cases"]}
+    assert set(before) == {(c["kernel"], c["state_dtype"], c["rows"]) for c in now["cases"]}
+    for c in now["cases"]:
+        b = before[(c["kernel"], c["state_dtype"], c["rows"])]
+        assert c["num_warps"] == b["num_warps"], c
+        assert c["programs_per_sm"] >= b["programs_per_sm"], (c, b)
+        assert c["local_bytes"] == 0, c  # and nothing spilled
+
+
 _SASS = """
         /*0000*/                   LDC R1, c[0x0][0x28] ;         /* 0x00000a00ff017b82 */
         /*0010*/                   LDG.E.64 R4, desc[UR10][R4.64] ;

@@ -219,11 +219,15 @@ ROW_LAYOUTS: dict[str, tuple[int, list[int]]] = {
 TAIL = 3  # rows past bs in every buffer: garbage the kernel must not read or write
 
 
-def _rows_cfg(rows: int) -> SsmLaunchConfig:
-    return SsmLaunchConfig(block_p=2, num_warps=1, row_walk=False, tile_rows=rows)
+def _rows_cfg(rows: int, late: bool = False) -> SsmLaunchConfig:
+    return SsmLaunchConfig(
+        block_p=2, num_warps=1, row_walk=False, tile_rows=rows, late_poison=late
+    )
 
 
-def _check_rows_launch(bs: int, live: list[int], rows: int, *, with_dst: bool, seed: int) -> None:
+def _check_rows_launch(
+    bs: int, live: list[int], rows: int, *, with_dst: bool, seed: int, late: bool = False
+) -> None:
     """Launch on the first ``bs`` rows of ``bs + TAIL``-row buffers and compare with the
     reference. Pad rows carry NaN inputs, a valid destination and a flagged valid track
     slot; the tail rows carry live-looking slots, NaN inputs and set flags. Checks: outputs
@@ -263,7 +267,7 @@ def _check_rows_launch(bs: int, live: list[int], rows: int, *, with_dst: bool, s
         state, v["x"], v["dt"], a["A"], v["B"], v["C"], out[:bs], src_t[:bs], D=a["D"],
         z=v["z"], dt_bias=None, dt_softplus=True,
         dst_indices=dst_t[:bs] if with_dst else None, track_indices=trk_t[:bs],
-        track_mask=mask_t[:bs], config=_rows_cfg(rows),
+        track_mask=mask_t[:bs], config=_rows_cfg(rows, late),
     )  # fmt: skip
     pad = [b for b in range(bs) if not is_live[b]]
     assert bool((out[pad] == 0).all()), "pad rows get exactly zero output"
@@ -279,15 +283,17 @@ def _check_rows_launch(bs: int, live: list[int], rows: int, *, with_dst: bool, s
 
 
 @ANY_DEVICE
+@pytest.mark.parametrize("late", [False, True], ids=["select", "late_poison"])
 @pytest.mark.parametrize("with_dst", [False, True], ids=["in_place", "dst"])
 @pytest.mark.parametrize("layout", list(ROW_LAYOUTS))
-@pytest.mark.parametrize("rows", [2, 4])
-def test_rows_a_program_match_reference(rows: int, layout: str, with_dst: bool) -> None:
-    """`tile_rows` 2 and 4: blocks all pad, partly pad, pad rows inside a block, a short last
-    block (bs not a multiple of the rows), all live; in place or into destination slots,
-    tracked rows: the reference's result, pad rows zero, nothing past bs read or written."""
+@pytest.mark.parametrize("rows", [1, 2, 4])
+def test_rows_a_program_match_reference(rows: int, layout: str, with_dst: bool, late: bool) -> None:
+    """`tile_rows` 1, 2 and 4: blocks all pad, partly pad, pad rows inside a block, a short
+    last block (bs not a multiple of the rows), all live; in place or into destination
+    slots, tracked rows; bad rows poisoned at the output or late: the reference's result,
+    pad rows zero, nothing past bs read or written."""
     bs, live = ROW_LAYOUTS[layout]
-    _check_rows_launch(bs, live, rows, with_dst=with_dst, seed=rows + bs)
+    _check_rows_launch(bs, live, rows, with_dst=with_dst, seed=rows + bs, late=late)
 
 
 def test_tile_rows_must_be_a_power_of_two() -> None:

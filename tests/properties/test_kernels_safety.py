@@ -178,6 +178,11 @@ _SSM_SHAPES = (
     ("1 row a program", SsmLaunchConfig(block_p=2, num_warps=1, row_walk=False, tile_rows=1)),
     ("2 rows a program", SsmLaunchConfig(block_p=2, num_warps=1, row_walk=False, tile_rows=2)),
     ("4 rows a program", SsmLaunchConfig(block_p=2, num_warps=1, row_walk=False, tile_rows=4)),
+    # Late poisoning (the bf16 / fp16 tiles' default): zeros first, NaN after the stores.
+    ("1 row a program, late poison",
+     SsmLaunchConfig(block_p=2, num_warps=1, row_walk=False, tile_rows=1, late_poison=True)),
+    ("4 rows a program, late poison",
+     SsmLaunchConfig(block_p=2, num_warps=1, row_walk=False, tile_rows=4, late_poison=True)),
 )
 
 

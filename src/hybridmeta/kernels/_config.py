@@ -39,6 +39,12 @@ class SsmLaunchConfig:
     row a program. Each distinct value compiles once; the batch size never does.
     ``max_regs``: register cap per thread of the one-tile kernel (ptxas ``maxnreg``; ``None``:
     the compiler's choice).
+    ``late_poison``: where the one-tile kernel gives a row with an invalid id its NaN
+    output. ``True``: the row stores zeros like a pad row, then NaN over them in a branch
+    after the row's stores (and, with several rows a program, after the row loop), so
+    nothing about the fault is live through the row's arithmetic; ``False``: a select at
+    the output store. The outputs are the same; what differs is the code ptxas makes
+    (docs/perf_notes.md, "Round 3, fourth GPU session").
     """
 
     block_p: int
@@ -50,6 +56,7 @@ class SsmLaunchConfig:
     tile_rows: int = attrs.field(default=1)
     tile_rows_from: tuple[tuple[int, int], ...] = attrs.field(default=())
     max_regs: int | None = None
+    late_poison: bool = False
 
     @tile_rows.validator
     def _check_tile_rows(self, _: object, value: int) -> None:
@@ -107,6 +114,12 @@ def ssm_launch_config(state_dtype: torch.dtype, headdim: int, dstate: int) -> Ss
     program, and a padded bucket costs little (docs/perf_notes.md, run 3); up to 32 rows
     it takes one tile a program, 6-11% faster there (bs 4 / 8 / 16 under graph replay:
     13.8 / 24.7 / 46.5 us against 15.5 / 26.9 / 49.4 us; `kernels_h200_tile_sweep.json`).
+    bf16 / fp16 tiles poison bad rows late (``late_poison``): the select at the output
+    took ptxas (Triton 3.6, sm_90a) from 64 to 72 registers a thread at one row a program
+    and from 72 to 80 at 16 / 32 (16 -> 14 and 14 -> 12 resident programs an SM), 4-6.5%
+    slower at 8-32 and 128-256 rows on the H200; late, they take the unchecked kernel's
+    counts and times. The fp32 tile keeps the select: late it measured 1.05-1.13x at 1-8
+    rows.
     A bf16 / fp16 state takes one tile a program on two warps: the row walk's extra live
     registers held its 16-row bf16 tile to 78-82%, against 87-90% for one tile a program
     (two warps 0.3-5% faster than one at every bs of the tile sweep). mamba_ssm's 4-row
@@ -122,7 +135,8 @@ def ssm_launch_config(state_dtype: torch.dtype, headdim: int, dstate: int) -> Ss
     if state_dtype.itemsize >= 4:
         return SsmLaunchConfig(block_p=block_p, num_warps=1, row_walk=True, tile_max_bs=32)
     return SsmLaunchConfig(
-        block_p=block_p, num_warps=2, row_walk=False, tile_rows_from=((128, 16), (256, 32))
+        block_p=block_p, num_warps=2, row_walk=False, tile_rows_from=((128, 16), (256, 32)),
+        late_poison=True,
     )
 
 

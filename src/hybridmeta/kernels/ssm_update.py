@@ -118,7 +118,8 @@ def _row_slots(
     reports it (:func:`_report_row`: the tile path after its stores, the row walk before
     its loads, each where it measured cheaper) (a pad row's other ids are never looked
     at). Only the predicates are on the hot path: the fault's field and value are
-    worked out again by the report, off it.
+    worked out again by the report, off it. The row walk's blocks judged clean at once
+    (:func:`_rows_bad`) skip this for a pad-id compare.
     """
     src = tl.load(src_ptr + i_b).to(tl.int64)
     src_ok = valid_slot(src, pad_id, n_slots)
@@ -201,6 +202,242 @@ def _rows_bad(
         bad_t = flag & (v_trk != pad_id) & (valid_slot(v_trk, pad_id, n_slots) == 0)
         bad = bad | (m_r & src_ok & bad_t)
     return bad
+
+
+@triton.jit
+def _walk_row(
+    b: tl.tensor,
+    i_h: tl.tensor,
+    i_g: tl.tensor,
+    o_p: tl.tensor,
+    o_n: tl.tensor,
+    m_p: tl.tensor,
+    m_n: tl.tensor,
+    o_s: tl.tensor,
+    o_out: tl.tensor,
+    b_A: tl.tensor,
+    state_ptr: tl.tensor,
+    x_ptr: tl.tensor,
+    dt_ptr: tl.tensor,
+    dt_bias_ptr: tl.tensor,
+    D_ptr: tl.tensor,
+    z_ptr: tl.tensor,
+    B_ptr: tl.tensor,
+    C_ptr: tl.tensor,
+    out_ptr: tl.tensor,
+    src_ptr: tl.tensor,
+    dst_ptr: tl.tensor,
+    track_idx_ptr: tl.tensor,
+    track_mask_ptr: tl.tensor,
+    err_ptr: tl.tensor,
+    dt_min: tl.tensor,
+    dt_max: tl.tensor,
+    pad_id: tl.tensor,
+    n_slots: tl.tensor,
+    headdim: tl.tensor,
+    stride_s_slot: tl.tensor,
+    stride_x_b: tl.tensor,
+    stride_x_h: tl.tensor,
+    stride_x_p: tl.tensor,
+    stride_dt_b: tl.tensor,
+    stride_dt_h: tl.tensor,
+    stride_B_b: tl.tensor,
+    stride_B_g: tl.tensor,
+    stride_B_n: tl.tensor,
+    stride_C_b: tl.tensor,
+    stride_C_g: tl.tensor,
+    stride_C_n: tl.tensor,
+    stride_z_b: tl.tensor,
+    stride_z_h: tl.tensor,
+    stride_z_p: tl.tensor,
+    stride_o_b: tl.tensor,
+    DT_SOFTPLUS: tl.constexpr,
+    HAS_DT_BIAS: tl.constexpr,
+    HAS_D: tl.constexpr,
+    HAS_Z: tl.constexpr,
+    HAS_DST: tl.constexpr,
+    HAS_TRACK: tl.constexpr,
+    CHECKED: tl.constexpr,
+) -> None:
+    """Row ``b`` of the row walk (head ``i_h``, its p-tile: ``o_p``, ``o_s``, ``o_out``):
+    the one-program-per-row kernel of docs/kernels.md. ``CHECKED``: the row judges its own
+    ids (:func:`_row_slots`; a bad row reports before its loads, moves no state byte and
+    gets NaN); else its block was judged clean beforehand and a pad-id compare decides.
+    Every load issued at once, the row's liveness folded into the masks (a pad row's state
+    masks are empty: no state byte moves), no branch around the loads."""
+    if CHECKED:
+        src, dst, trk, live, m_write, m_track, bad = _row_slots(
+            b, src_ptr, dst_ptr, track_idx_ptr, track_mask_ptr, pad_id, n_slots, HAS_DST,
+            HAS_TRACK,
+        )  # fmt: skip
+    else:
+        # A block judged clean (no row with a bad id): any id but the pad id is a valid
+        # slot, so a pad-id compare is all a row needs, as before the slot checks.
+        src = tl.load(src_ptr + b).to(tl.int64)
+        live = src != pad_id
+        bad = live & (live == 0)
+        if HAS_DST:
+            dst = tl.load(dst_ptr + b).to(tl.int64)
+            m_write = live & (dst != pad_id)
+        else:
+            dst = src
+            m_write = live
+        if HAS_TRACK:
+            flag = tl.load(track_mask_ptr + b) != 0
+            trk = tl.load(track_idx_ptr + b).to(tl.int64)
+            m_track = live & flag & (trk != pad_id)
+        else:
+            trk = src
+            m_track = bad  # False
+    # A checked row reports before its loads: on the H200 the row walk measured 1.01x the
+    # unchecked kernel so, against 1.03x with the report after the stores and 1.05x with
+    # the least bad row carried through the walk and reported once (docs/perf_notes.md,
+    # "Round 3"); later ones did not beat it (fourth GPU session). A clean block's rows
+    # never get here.
+    if CHECKED and bad:
+        _report_row(
+            b, src_ptr, dst_ptr, track_idx_ptr, track_mask_ptr, err_ptr, pad_id,
+            n_slots, HAS_DST, HAS_TRACK,
+        )  # fmt: skip
+    # Row predicates enter masks as a bound on the headdim offset (a pad row's bound
+    # is 0): the Triton interpreter mistypes `block_mask & scalar_mask`.
+    lim_read = tl.where(live, headdim, 0)
+    lim_write = tl.where(m_write, headdim, 0)
+    b_s = tl.load(
+        state_ptr + src * stride_s_slot + o_s,
+        mask=(o_p < lim_read)[:, None] & m_n[None, :],
+        other=0.0,
+    ).to(tl.float32)  # [BP, BN]
+    b_x = tl.load(
+        x_ptr + b * stride_x_b + i_h * stride_x_h + o_p * stride_x_p, mask=m_p, other=0.0
+    ).to(tl.float32)  # [BP]
+    b_dt = tl.load(dt_ptr + b * stride_dt_b + i_h * stride_dt_h).to(tl.float32)
+    if HAS_DT_BIAS:
+        b_dt += tl.load(dt_bias_ptr + i_h).to(tl.float32)
+    if DT_SOFTPLUS:
+        # softplus(x) equals x in fp32 above 20; the threshold also keeps exp from
+        # overflowing.
+        b_dt = tl.where(b_dt <= 20.0, tl.log(1.0 + tl.exp(b_dt)), b_dt)
+    # dt limits ((-inf, inf) when the call gives none); NaN stays NaN, as in torch.
+    b_dt = tl.maximum(b_dt, dt_min, propagate_nan=tl.PropagateNan.ALL)
+    b_dt = tl.minimum(b_dt, dt_max, propagate_nan=tl.PropagateNan.ALL)
+    b_dA = tl.exp(b_A * b_dt)
+    b_B = tl.load(
+        B_ptr + b * stride_B_b + i_g * stride_B_g + o_n * stride_B_n, mask=m_n, other=0.0
+    ).to(tl.float32)  # [BN]
+    b_C = tl.load(
+        C_ptr + b * stride_C_b + i_g * stride_C_g + o_n * stride_C_n, mask=m_n, other=0.0
+    ).to(tl.float32)  # [BN]
+
+    b_s = b_s * b_dA + (b_x * b_dt)[:, None] * b_B[None, :]  # [BP, BN]
+    b_o = tl.sum(b_s * b_C[None, :], axis=1)  # [BP]
+    if HAS_D:
+        b_o += b_x * tl.load(D_ptr + i_h).to(tl.float32)
+    if HAS_Z:
+        b_z = tl.load(
+            z_ptr + b * stride_z_b + i_h * stride_z_h + o_p * stride_z_p,
+            mask=m_p,
+            other=0.0,
+        ).to(tl.float32)
+        b_o *= b_z * tl.sigmoid(b_z)
+    # A pad row's inputs may be garbage (even NaN): select, never multiply, to zero
+    # it (a pad row in a block with live rows is zeroed twice: same bytes); a row
+    # with an invalid id is poisoned.
+    b_o = tl.where(live, b_o, tl.where(bad, float("nan"), 0.0))
+    tl.store(out_ptr + b * stride_o_b + o_out, b_o.to(out_ptr.dtype.element_ty), mask=m_p)
+
+    b_new = b_s.to(state_ptr.dtype.element_ty)
+    tl.store(
+        state_ptr + dst * stride_s_slot + o_s,
+        b_new,
+        mask=(o_p < lim_write)[:, None] & m_n[None, :],
+    )
+    if HAS_TRACK:
+        lim_track = tl.where(m_track, headdim, 0)
+        tl.store(
+            state_ptr + trk * stride_s_slot + o_s,
+            b_new,
+            mask=(o_p < lim_track)[:, None] & m_n[None, :],
+        )
+
+
+@triton.jit(noinline=True)
+def _walk_row_checked(
+    b: tl.tensor,
+    i_p: tl.tensor,
+    i_h: tl.tensor,
+    b_A: tl.tensor,
+    state_ptr: tl.tensor,
+    x_ptr: tl.tensor,
+    dt_ptr: tl.tensor,
+    dt_bias_ptr: tl.tensor,
+    D_ptr: tl.tensor,
+    z_ptr: tl.tensor,
+    B_ptr: tl.tensor,
+    C_ptr: tl.tensor,
+    out_ptr: tl.tensor,
+    src_ptr: tl.tensor,
+    dst_ptr: tl.tensor,
+    track_idx_ptr: tl.tensor,
+    track_mask_ptr: tl.tensor,
+    err_ptr: tl.tensor,
+    dt_min: tl.tensor,
+    dt_max: tl.tensor,
+    pad_id: tl.tensor,
+    n_slots: tl.tensor,
+    headdim: tl.tensor,
+    dstate: tl.tensor,
+    heads_per_group: tl.tensor,
+    stride_s_slot: tl.tensor,
+    stride_s_h: tl.tensor,
+    stride_s_p: tl.tensor,
+    stride_s_n: tl.tensor,
+    stride_x_b: tl.tensor,
+    stride_x_h: tl.tensor,
+    stride_x_p: tl.tensor,
+    stride_dt_b: tl.tensor,
+    stride_dt_h: tl.tensor,
+    stride_B_b: tl.tensor,
+    stride_B_g: tl.tensor,
+    stride_B_n: tl.tensor,
+    stride_C_b: tl.tensor,
+    stride_C_g: tl.tensor,
+    stride_C_n: tl.tensor,
+    stride_z_b: tl.tensor,
+    stride_z_h: tl.tensor,
+    stride_z_p: tl.tensor,
+    stride_o_b: tl.tensor,
+    stride_o_h: tl.tensor,
+    stride_o_p: tl.tensor,
+    DT_SOFTPLUS: tl.constexpr,
+    HAS_DT_BIAS: tl.constexpr,
+    HAS_D: tl.constexpr,
+    HAS_Z: tl.constexpr,
+    HAS_DST: tl.constexpr,
+    HAS_TRACK: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+) -> None:
+    """:func:`_walk_row` judging its own ids, as a called function (its tile offsets worked
+    out again from the scalars): the rows of a block that holds a bad id, and every row
+    when a block is one row. Inlined beside the clean loop's row body it took ptxas from
+    123 to 162 registers a thread."""
+    i_g = i_h // heads_per_group
+    o_p = i_p * BLOCK_P + tl.arange(0, BLOCK_P)  # [BP]
+    o_n = tl.arange(0, BLOCK_N)  # [BN]
+    m_p = o_p < headdim
+    m_n = o_n < dstate
+    o_s = i_h * stride_s_h + o_p[:, None] * stride_s_p + o_n[None, :] * stride_s_n  # [BP, BN]
+    o_out = i_h * stride_o_h + o_p * stride_o_p  # [BP]
+    _walk_row(
+        b, i_h, i_g, o_p, o_n, m_p, m_n, o_s, o_out, b_A, state_ptr, x_ptr, dt_ptr,
+        dt_bias_ptr, D_ptr, z_ptr, B_ptr, C_ptr, out_ptr, src_ptr, dst_ptr,
+        track_idx_ptr, track_mask_ptr, err_ptr, dt_min, dt_max, pad_id, n_slots,
+        headdim, stride_s_slot, stride_x_b, stride_x_h, stride_x_p, stride_dt_b,
+        stride_dt_h, stride_B_b, stride_B_g, stride_B_n, stride_C_b, stride_C_g,
+        stride_C_n, stride_z_b, stride_z_h, stride_z_p, stride_o_b, DT_SOFTPLUS,
+        HAS_DT_BIAS, HAS_D, HAS_Z, HAS_DST, HAS_TRACK, True,
+    )  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["bs", "rows_per_prog", "pad_id", "n_slots"])
@@ -297,87 +534,42 @@ def _ssm_update_kernel(
             v_live = m_r & (v_src != pad_id)
             r_lo = tl.min(tl.where(v_live, o_r, r1), axis=0)
             r_hi = tl.max(tl.where(v_live, o_r + 1, r0), axis=0)
+            # The block's ids judged at once: a block with no bad id (every block of a
+            # correct caller) walks its rows without the per-row bound checks.
+            v_bad = _rows_bad(
+                o_r, m_r, v_src, dst_ptr, track_idx_ptr, track_mask_ptr, pad_id, n_slots,
+                HAS_DST, HAS_TRACK,
+            )  # fmt: skip
+            clean = tl.max(v_bad.to(tl.int32), axis=0) == 0
         else:
             r_lo = r0
             r_hi = r1
-        for b in tl.range(r_lo, r_hi):
-            # The row body is the one-program-per-row kernel of docs/kernels.md: every load
-            # issued at once, the row's liveness folded into the masks (a pad row's state
-            # masks are empty: no state byte moves), no branch around the loads.
-            src, dst, trk, live, m_write, m_track, bad = _row_slots(
-                b, src_ptr, dst_ptr, track_idx_ptr, track_mask_ptr, pad_id, n_slots, HAS_DST,
-                HAS_TRACK,
-            )  # fmt: skip
-            # Here the report comes before the row's loads: on the H200 the row walk
-            # measured 1.01x the unchecked kernel, against 1.03x with the report after
-            # the stores and 1.05x with the least bad row carried through the walk and
-            # reported once (docs/perf_notes.md, "Round 3"). The one-row tile path reports
-            # after its stores instead (there that measured 0.99x against 1.02-1.10x).
-            if bad:
-                _report_row(
-                    b, src_ptr, dst_ptr, track_idx_ptr, track_mask_ptr, err_ptr, pad_id,
-                    n_slots, HAS_DST, HAS_TRACK,
+            clean = r0 < 0  # False: one row a block, each row judges itself
+        # Two loops, not a branch per row: the clean one carries no report call.
+        if clean:
+            for b in tl.range(r_lo, r_hi):
+                _walk_row(
+                    b, i_h, i_g, o_p, o_n, m_p, m_n, o_s, o_out, b_A, state_ptr, x_ptr, dt_ptr,
+                    dt_bias_ptr, D_ptr, z_ptr, B_ptr, C_ptr, out_ptr, src_ptr,
+                    dst_ptr, track_idx_ptr, track_mask_ptr, err_ptr, dt_min,
+                    dt_max, pad_id, n_slots, headdim, stride_s_slot, stride_x_b,
+                    stride_x_h, stride_x_p, stride_dt_b, stride_dt_h,
+                    stride_B_b, stride_B_g, stride_B_n, stride_C_b, stride_C_g,
+                    stride_C_n, stride_z_b, stride_z_h, stride_z_p, stride_o_b,
+                    DT_SOFTPLUS, HAS_DT_BIAS, HAS_D, HAS_Z, HAS_DST, HAS_TRACK, False,
                 )  # fmt: skip
-            # Row predicates enter masks as a bound on the headdim offset (a pad row's bound
-            # is 0): the Triton interpreter mistypes `block_mask & scalar_mask`.
-            lim_read = tl.where(live, headdim, 0)
-            lim_write = tl.where(m_write, headdim, 0)
-            b_s = tl.load(
-                state_ptr + src * stride_s_slot + o_s,
-                mask=(o_p < lim_read)[:, None] & m_n[None, :],
-                other=0.0,
-            ).to(tl.float32)  # [BP, BN]
-            b_x = tl.load(
-                x_ptr + b * stride_x_b + i_h * stride_x_h + o_p * stride_x_p, mask=m_p, other=0.0
-            ).to(tl.float32)  # [BP]
-            b_dt = tl.load(dt_ptr + b * stride_dt_b + i_h * stride_dt_h).to(tl.float32)
-            if HAS_DT_BIAS:
-                b_dt += tl.load(dt_bias_ptr + i_h).to(tl.float32)
-            if DT_SOFTPLUS:
-                # softplus(x) equals x in fp32 above 20; the threshold also keeps exp from
-                # overflowing.
-                b_dt = tl.where(b_dt <= 20.0, tl.log(1.0 + tl.exp(b_dt)), b_dt)
-            # dt limits ((-inf, inf) when the call gives none); NaN stays NaN, as in torch.
-            b_dt = tl.maximum(b_dt, dt_min, propagate_nan=tl.PropagateNan.ALL)
-            b_dt = tl.minimum(b_dt, dt_max, propagate_nan=tl.PropagateNan.ALL)
-            b_dA = tl.exp(b_A * b_dt)
-            b_B = tl.load(
-                B_ptr + b * stride_B_b + i_g * stride_B_g + o_n * stride_B_n, mask=m_n, other=0.0
-            ).to(tl.float32)  # [BN]
-            b_C = tl.load(
-                C_ptr + b * stride_C_b + i_g * stride_C_g + o_n * stride_C_n, mask=m_n, other=0.0
-            ).to(tl.float32)  # [BN]
-
-            b_s = b_s * b_dA + (b_x * b_dt)[:, None] * b_B[None, :]  # [BP, BN]
-            b_o = tl.sum(b_s * b_C[None, :], axis=1)  # [BP]
-            if HAS_D:
-                b_o += b_x * tl.load(D_ptr + i_h).to(tl.float32)
-            if HAS_Z:
-                b_z = tl.load(
-                    z_ptr + b * stride_z_b + i_h * stride_z_h + o_p * stride_z_p,
-                    mask=m_p,
-                    other=0.0,
-                ).to(tl.float32)
-                b_o *= b_z * tl.sigmoid(b_z)
-            # A pad row's inputs may be garbage (even NaN): select, never multiply, to zero
-            # it (a pad row in a block with live rows is zeroed twice: same bytes); a row
-            # with an invalid id is poisoned.
-            b_o = tl.where(live, b_o, tl.where(bad, float("nan"), 0.0))
-            tl.store(out_ptr + b * stride_o_b + o_out, b_o.to(out_ptr.dtype.element_ty), mask=m_p)
-
-            b_new = b_s.to(state_ptr.dtype.element_ty)
-            tl.store(
-                state_ptr + dst * stride_s_slot + o_s,
-                b_new,
-                mask=(o_p < lim_write)[:, None] & m_n[None, :],
-            )
-            if HAS_TRACK:
-                lim_track = tl.where(m_track, headdim, 0)
-                tl.store(
-                    state_ptr + trk * stride_s_slot + o_s,
-                    b_new,
-                    mask=(o_p < lim_track)[:, None] & m_n[None, :],
-                )
+        else:
+            for b in tl.range(r_lo, r_hi):
+                _walk_row_checked(
+                    b, i_p, i_h, b_A, state_ptr, x_ptr, dt_ptr, dt_bias_ptr, D_ptr, z_ptr, B_ptr,
+                    C_ptr, out_ptr, src_ptr, dst_ptr, track_idx_ptr, track_mask_ptr, err_ptr,
+                    dt_min, dt_max, pad_id, n_slots, headdim, dstate, heads_per_group,
+                    stride_s_slot, stride_s_h, stride_s_p, stride_s_n, stride_x_b, stride_x_h,
+                    stride_x_p, stride_dt_b, stride_dt_h, stride_B_b, stride_B_g, stride_B_n,
+                    stride_C_b, stride_C_g, stride_C_n, stride_z_b, stride_z_h, stride_z_p,
+                    stride_o_b, stride_o_h, stride_o_p, DT_SOFTPLUS, HAS_DT_BIAS, HAS_D, HAS_Z,
+                    HAS_DST, HAS_TRACK, BLOCK_P, BLOCK_N,
+                )  # fmt: skip
 
 
 _LAUNCHER = DirectLauncher(_ssm_update_kernel)
@@ -551,21 +743,31 @@ def _ssm_tile_row(
     BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr,
     REPORT: tl.constexpr,
+    LATE_POISON: tl.constexpr,
 ) -> None:
     """One ``[BLOCK_P, dstate]`` tile (p-tile ``i_p``) of head ``i_h`` of row ``i_b``
     (int64): every load issued at once, the row's liveness folded into the masks (a pad
     row's state masks are empty: no state byte moves), no branch around the loads.
-    ``REPORT``: a bad row reports its fault here, after the stores (the one-row path);
-    the multi-row path judges its rows once and reports after its row loop instead."""
+
+    A bad row (:func:`_row_slots`) moves no state byte either, and its output is NaN.
+    ``REPORT``: the row reports its fault, in a branch after the stores (the one-row path);
+    the multi-row path judges its rows once and reports after its row loop instead.
+    ``LATE_POISON`` (``SsmLaunchConfig.late_poison``): a bad row stores zeros as a pad row
+    does, then NaN over them after the stores (in the report's branch, or after the
+    multi-row loop), and nothing about the fault is kept live through the row's arithmetic
+    but the sign of its state bound; else the NaN is selected at the output store."""
     i_g = i_h // heads_per_group
 
     src, dst, trk, live, m_write, m_track, bad = _row_slots(
         i_b, src_ptr, dst_ptr, track_idx_ptr, track_mask_ptr, pad_id, n_slots, HAS_DST,
         HAS_TRACK,
     )  # fmt: skip
-    # Row predicates enter masks as a bound on the headdim offset (a pad row's bound is 0):
-    # the Triton interpreter mistypes `block_mask & scalar_mask`.
-    lim_read = tl.where(live, headdim, 0)
+    # Row predicates enter masks as a bound on the headdim offset (a pad row's bound is 0,
+    # a bad row's -1): the Triton interpreter mistypes `block_mask & scalar_mask`.
+    if REPORT and LATE_POISON:
+        lim_read = tl.where(live, headdim, tl.where(bad, -1, 0))
+    else:
+        lim_read = tl.where(live, headdim, 0)
     lim_write = tl.where(m_write, headdim, 0)
 
     o_p = i_p * BLOCK_P + tl.arange(0, BLOCK_P)  # [BP]
@@ -610,8 +812,11 @@ def _ssm_tile_row(
         ).to(tl.float32)
         b_o *= b_z * tl.sigmoid(b_z)
     # A pad row's inputs may be garbage (even NaN): select, never multiply, to zero it; a
-    # row with an invalid id is poisoned.
-    b_o = tl.where(live, b_o, tl.where(bad, float("nan"), 0.0))
+    # bad row is poisoned (late: below, or after the multi-row loop).
+    if LATE_POISON:
+        b_o = tl.where(live, b_o, 0.0)
+    else:
+        b_o = tl.where(live, b_o, tl.where(bad, float("nan"), 0.0))
     tl.store(
         out_ptr + i_b * stride_o_b + i_h * stride_o_h + o_p * stride_o_p,
         b_o.to(out_ptr.dtype.element_ty),
@@ -629,8 +834,23 @@ def _ssm_tile_row(
             b_new,
             mask=(o_p < lim_track)[:, None] & m_n[None, :],
         )
-    if REPORT and bad:
-        # After the stores: an outlined call before the loads serialises them.
+    # A bad row's report, after the stores (an outlined call before the loads serialises
+    # them); late poisoning also stores its NaN output there, over the zeros above, which
+    # other threads of the program may have stored (hence the barrier; the branch is
+    # uniform across the program).
+    if REPORT and LATE_POISON:
+        if lim_read < 0:
+            tl.debug_barrier()
+            tl.store(
+                out_ptr + i_b * stride_o_b + i_h * stride_o_h + o_p * stride_o_p,
+                tl.full([BLOCK_P], float("nan"), out_ptr.dtype.element_ty),
+                mask=m_p,
+            )
+            _report_row(
+                i_b, src_ptr, dst_ptr, track_idx_ptr, track_mask_ptr, err_ptr, pad_id,
+                n_slots, HAS_DST, HAS_TRACK,
+            )  # fmt: skip
+    elif REPORT and bad:
         _report_row(
             i_b, src_ptr, dst_ptr, track_idx_ptr, track_mask_ptr, err_ptr, pad_id, n_slots,
             HAS_DST, HAS_TRACK,
@@ -693,6 +913,7 @@ def _ssm_tile_row_outlined(
     HAS_TRACK: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    LATE_POISON: tl.constexpr,
 ) -> None:
     """:func:`_ssm_tile_row` as a called function (not inlined): the row loop of the
     multi-row kernel calls it, so the compiler cannot hoist the row body's loop-invariant
@@ -706,7 +927,57 @@ def _ssm_tile_row_outlined(
         stride_x_b, stride_x_h, stride_x_p, stride_dt_b, stride_dt_h, stride_B_b, stride_B_g,
         stride_B_n, stride_C_b, stride_C_g, stride_C_n, stride_z_b, stride_z_h, stride_z_p,
         stride_o_b, stride_o_h, stride_o_p, DT_SOFTPLUS, HAS_DT_BIAS, HAS_D, HAS_Z, HAS_DST,
-        HAS_TRACK, BLOCK_P, BLOCK_N, False,
+        HAS_TRACK, BLOCK_P, BLOCK_N, False, LATE_POISON,
+    )  # fmt: skip
+
+
+@triton.jit(noinline=True)
+def _poison_block(
+    bs: tl.tensor,
+    out_ptr: tl.tensor,
+    src_ptr: tl.tensor,
+    dst_ptr: tl.tensor,
+    track_idx_ptr: tl.tensor,
+    track_mask_ptr: tl.tensor,
+    err_ptr: tl.tensor,
+    pad_id: tl.tensor,
+    n_slots: tl.tensor,
+    headdim: tl.tensor,
+    stride_o_b: tl.tensor,
+    stride_o_h: tl.tensor,
+    stride_o_p: tl.tensor,
+    HAS_DST: tl.constexpr,
+    HAS_TRACK: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    ROWS: tl.constexpr,
+) -> None:
+    """The bad rows of this program's block of rows, after its row loop: their NaN output
+    over the zeros the row body stored (after a barrier: other threads stored those), and
+    the least one's fault reported. Called only when the block has a bad row. The block's
+    ids, its position and its least bad row are worked out again here: nothing but that
+    one flag is kept live through the loop (with Triton 3.9 ptxas kept what a call after
+    the loop takes, 72 -> 80 registers a thread)."""
+    i_p = tl.program_id(0)
+    row0 = tl.program_id(1).to(tl.int64) * ROWS
+    i_h = tl.program_id(2).to(tl.int64)
+    o_r = row0 + tl.arange(0, ROWS)  # [R]
+    m_r = o_r < bs
+    v_src = tl.load(src_ptr + o_r, mask=m_r, other=0).to(tl.int64)
+    v_bad = _rows_bad(
+        o_r, m_r, v_src, dst_ptr, track_idx_ptr, track_mask_ptr, pad_id, n_slots, HAS_DST,
+        HAS_TRACK,
+    )  # fmt: skip
+    o_p = i_p * BLOCK_P + tl.arange(0, BLOCK_P)  # [BP]
+    tl.debug_barrier()
+    tl.store(
+        out_ptr + o_r[:, None] * stride_o_b + (i_h * stride_o_h + o_p * stride_o_p)[None, :],
+        tl.full([ROWS, BLOCK_P], float("nan"), out_ptr.dtype.element_ty),
+        mask=v_bad[:, None] & (o_p < headdim)[None, :],
+    )
+    r_bad = tl.min(tl.where(v_bad, o_r, row0 + ROWS), axis=0)
+    _report_row(
+        r_bad, src_ptr, dst_ptr, track_idx_ptr, track_mask_ptr, err_ptr, pad_id, n_slots,
+        HAS_DST, HAS_TRACK,
     )  # fmt: skip
 
 
@@ -769,6 +1040,7 @@ def _ssm_update_tile_kernel(
     BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr,
     ROWS: tl.constexpr,
+    LATE_POISON: tl.constexpr,
 ) -> None:
     i_p = tl.program_id(0)
     if ROWS > 1:
@@ -790,16 +1062,17 @@ def _ssm_update_tile_kernel(
         v_live = m_r & (v_src != pad_id)
         r_lo = tl.min(tl.where(v_live, o_r, row0 + ROWS), axis=0)
         r_hi = tl.max(tl.where(v_live, o_r + 1, row0), axis=0)
-        # The block's rows judged once, from their id tiles, and the least bad row of the
-        # block reported after the loop (the record keeps the least row of all): the
-        # outlined row body makes no call. On the H200 this measured the same as a report
-        # inside the row body (0.996-1.000x); what the checks still cost in these programs
-        # (up to 6.5% in bf16) is not the report, the load order or the register count
-        # (docs/perf_notes.md, "Round 3, third GPU session").
+        # The block's rows judged once, from their id tiles; after the loop its bad rows'
+        # NaN output (over what the row body stored) and its least bad row's report (the
+        # record keeps the least row of all): the outlined row body makes no report call.
+        # On the H200 this measured the same as a report inside the row body
+        # (0.996-1.000x; docs/perf_notes.md, "Round 3, third GPU session").
         v_bad = _rows_bad(
             o_r, m_r, v_src, dst_ptr, track_idx_ptr, track_mask_ptr, pad_id, n_slots, HAS_DST,
             HAS_TRACK,
         )  # fmt: skip
+        # Only this flag crosses the loop (a block kept live there cost registers).
+        any_bad = tl.max(v_bad.to(tl.int32), axis=0) != 0
         for i_b in tl.range(r_lo, r_hi, num_stages=1):
             _ssm_tile_row_outlined(
                 i_b, i_p, i_h, state_ptr, x_ptr, dt_ptr, dt_bias_ptr, A_ptr, B_ptr, C_ptr, D_ptr,
@@ -809,12 +1082,13 @@ def _ssm_update_tile_kernel(
                 stride_B_b, stride_B_g, stride_B_n, stride_C_b, stride_C_g, stride_C_n,
                 stride_z_b, stride_z_h, stride_z_p, stride_o_b, stride_o_h, stride_o_p,
                 DT_SOFTPLUS, HAS_DT_BIAS, HAS_D, HAS_Z, HAS_DST, HAS_TRACK, BLOCK_P, BLOCK_N,
+                LATE_POISON,
             )  # fmt: skip
-        r_bad = tl.min(tl.where(v_bad, o_r, row0 + ROWS), axis=0)
-        if r_bad < row0 + ROWS:
-            _report_row(
-                r_bad, src_ptr, dst_ptr, track_idx_ptr, track_mask_ptr, err_ptr, pad_id,
-                n_slots, HAS_DST, HAS_TRACK,
+        if any_bad:
+            _poison_block(
+                bs, out_ptr, src_ptr, dst_ptr, track_idx_ptr, track_mask_ptr, err_ptr, pad_id,
+                n_slots, headdim, stride_o_b, stride_o_h, stride_o_p, HAS_DST, HAS_TRACK,
+                BLOCK_P, ROWS,
             )  # fmt: skip
     else:
         # One row a program, the row body inlined: the same code (and PTX) as before the
@@ -830,6 +1104,7 @@ def _ssm_update_tile_kernel(
             stride_B_b, stride_B_g, stride_B_n, stride_C_b, stride_C_g, stride_C_n,
             stride_z_b, stride_z_h, stride_z_p, stride_o_b, stride_o_h, stride_o_p,
             DT_SOFTPLUS, HAS_DT_BIAS, HAS_D, HAS_Z, HAS_DST, HAS_TRACK, BLOCK_P, BLOCK_N, True,
+            LATE_POISON,
         )  # fmt: skip
 
 
@@ -1001,7 +1276,7 @@ def _launch_tiles(
     flags = (
         dt_softplus, dt_bias is not None, D is not None, z is not None,
         dst_indices is not None, track_indices is not None, cfg.block_p,
-        pow2_ceil(dstate), rows,
+        pow2_ceil(dstate), rows, cfg.late_poison,
     )  # fmt: skip
     ptrs = (
         state.data_ptr(), x.data_ptr(), dt.data_ptr(), _ptr(dt_bias), A.data_ptr(),
@@ -1033,7 +1308,7 @@ def _launch_tiles(
             DT_SOFTPLUS=dt_softplus, HAS_DT_BIAS=dt_bias is not None, HAS_D=D is not None,
             HAS_Z=z is not None, HAS_DST=dst_indices is not None,
             HAS_TRACK=track_indices is not None, BLOCK_P=cfg.block_p, BLOCK_N=flags[7],
-            ROWS=rows, num_warps=cfg.num_warps, **opts,
+            ROWS=rows, LATE_POISON=cfg.late_poison, num_warps=cfg.num_warps, **opts,
         )  # fmt: skip
 
     _TILE_LAUNCHER.launch(var, grid, key, dev, aligned, fast_args, slow)

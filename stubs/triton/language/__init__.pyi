@@ -23,6 +23,8 @@ int8: dtype
 int16: dtype
 int32: dtype
 int64: dtype
+uint32: dtype
+uint64: dtype
 
 _Value = tensor | constexpr | int | float | bool
 
