@@ -1,4 +1,4 @@
-"""Registers a thread of the SSM update and verify kernels, from ptxas, without a GPU.
+"""Registers a thread of the SSM update, SSM verify and conv update kernels, from ptxas, without a GPU.
 
 Compiles the kernels for ``sm_90a`` (the H200) with the installed Triton and its bundled
 ptxas, at Nemotron-Nano-9B-v2 layer shapes with the launch options of
@@ -42,7 +42,12 @@ CASES: tuple[tuple[str, str, int], ...] = (
     ("walk", "fp32", 1),
     ("verify", "bf16", 1),
     ("verify", "fp32", 1),
+    # the conv update, bf16 state: rows 1 = the [slots, conv_dim, k-1] pool, rows 4 = the
+    # conv_dim-contiguous [slots, k-1, conv_dim] one (conv_launch_config)
+    ("conv", "bf16", 1),
+    ("conv", "bf16", 4),
 )
+CONV_DIM, CONV_K = 12288, 4
 _NOSPEC = {"bs", "pad_id", "n_slots", "rows_per_prog", "T", "stride_par_b"}
 _ABSENT = {"dst_ptr", "track_idx_ptr", "track_mask_ptr", "parent_ptr", "ndraft_ptr"}
 
@@ -88,8 +93,6 @@ def compile_case(
     """ptxas's figures for one kernel variant (the module must be importable); with
     ``sass_dir``, its SASS (``cuobjdump -sass``) is written there too."""
     import torch
-    import triton
-    from triton.backends.compiler import GPUTarget
 
     import hybridmeta.kernels.ssm_update as su
     import hybridmeta.kernels.ssm_verify as sv
@@ -103,6 +106,8 @@ def compile_case(
         "z_ptr": "*bf16", "out_ptr": "*bf16", "src_ptr": "*i64", "err_ptr": "*i64",
         "inter_ptr": f"*{dtype}",
     }  # fmt: skip
+    if kernel == "conv":
+        return _compile_conv(rows, maxnreg, sass_dir)
     # The tile and warps the tree's own launch configuration picks at these shapes.
     torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
     cfg = (
@@ -148,6 +153,25 @@ def compile_case(
             sig[name] = "i32"
             if name not in _NOSPEC and ints[name] % 16 == 0:
                 attrs[(i,)] = [["tt.divisibility", 16]]
+    return _inspect(kernel, dtype, rows, maxnreg, sass_dir, fn, sig, consts, attrs, opts)
+
+
+def _inspect(
+    kernel: str,
+    dtype: str,
+    rows: int,
+    maxnreg: int | None,
+    sass_dir: Path | None,
+    fn: Any,
+    sig: dict[str, str],
+    consts: dict[tuple[int, ...], Any],
+    attrs: dict[tuple[int, ...], list[list[Any]]],
+    opts: dict[str, Any],
+) -> dict[str, Any]:
+    """Compile one signature for sm_90a and read ptxas's figures and the SASS back."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
     src = triton.compiler.ASTSource(fn, sig, consts, attrs)
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
     # The cubin Triton's own ptxas made; its resource usage from the bundled cuobjdump.
@@ -182,6 +206,53 @@ def compile_case(
         "programs_per_sm": min(65536 // per_warp // warps, 32),
         "sass": sass_profile(dis.stdout),
     }  # fmt: skip
+
+
+def _compile_conv(rows: int, maxnreg: int | None, sass_dir: Path | None) -> dict[str, Any]:
+    """The conv update at the benchmark's shapes (bf16 state, x, weights and bias; width 4,
+    SiLU), with the tree's ``conv_launch_config``: ``rows`` 4 is the conv_dim-contiguous
+    pool, 1 the ``[slots, conv_dim, k-1]`` one."""
+    import hybridmeta.kernels.conv_update as cu
+    from hybridmeta.kernels._config import conv_launch_config
+
+    inner = rows > 1
+    cfg = conv_launch_config(CONV_DIM, channels_contiguous=inner)
+    if cfg.rows != rows:
+        raise RuntimeError(f"conv_launch_config gives {cfg.rows} rows a program, not {rows}")
+    fn = cu._conv_update_kernel
+    ptrs = {"x_ptr": "*bf16", "conv_state_ptr": "*bf16", "weight_ptr": "*bf16",
+            "bias_ptr": "*bf16", "out_ptr": "*bf16", "slot_ptr": "*i64", "err_ptr": "*i64"}  # fmt: skip
+    w = CONV_K - 1
+    ints = dict(
+        bs=256, pad_id=-1, n_slots=1000, dim=CONV_DIM, stride_x_b=CONV_DIM, stride_x_c=1,
+        stride_cs_slot=w * CONV_DIM, stride_cs_c=1 if inner else w,
+        stride_cs_w=CONV_DIM if inner else 1, stride_w_c=CONV_K, stride_w_k=1,
+        stride_o_b=CONV_DIM, stride_o_c=1,
+    )  # fmt: skip
+    cx = dict(WIDTH=CONV_K, HAS_BIAS=True, SILU=True, ROWS=cfg.rows, BLOCK_C=cfg.block_c,
+              BLOCK_K=CONV_K)  # fmt: skip
+    opts: dict[str, Any] = {"num_warps": cfg.num_warps}
+    if maxnreg is not None:
+        opts["maxnreg"] = maxnreg
+    sig: dict[str, str] = {}
+    consts: dict[tuple[int, ...], Any] = {}
+    attrs: dict[tuple[int, ...], list[list[Any]]] = {}
+    for i, p in enumerate(fn.params):
+        name = p.name
+        if p.is_constexpr:
+            sig[name] = "constexpr"
+            consts[(i,)] = cx[name]
+        elif name in ptrs:
+            sig[name] = ptrs[name]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif name not in _NOSPEC and ints[name] == 1:
+            sig[name] = "constexpr"
+            consts[(i,)] = 1
+        else:
+            sig[name] = "i32"
+            if name not in _NOSPEC and ints[name] % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    return _inspect("conv", "bf16", rows, maxnreg, sass_dir, fn, sig, consts, attrs, opts)
 
 
 def main() -> None:
