@@ -324,6 +324,50 @@ def test_governed_fields_follow_their_flag() -> None:
     reach(s, lambda m: m.is_target_verify and m.retrieve_parent_token is not None)
 
 
+@metadata
+class GroupProbe:
+    """A governed pair beside two ungoverned optionals; an optional declared before a
+    required tensor (an absent one must not end the drawing)."""
+
+    slots: torch.Tensor = tensor_field(rows=BATCH, dtypes=INDEX, role=Role.WORKING_SLOT)
+    has_pair: bool = field(default=False, governs=("left", "right"))
+    left: torch.Tensor | None = tensor_field(rows=BATCH, dtypes=INDEX, pad=Pad.value(0), default=None)
+    early: torch.Tensor | None = tensor_field(
+        rows=BATCH, dtypes=INDEX, pad=Pad.value(0), default=None
+    )
+    required: torch.Tensor = tensor_field(rows=BATCH, dtypes=INDEX, pad=Pad.value(0))
+    right: torch.Tensor | None = tensor_field(
+        rows=BATCH, dtypes=INDEX, pad=Pad.value(0), default=None
+    )
+    z: torch.Tensor | None = tensor_field(rows=BATCH, dtypes=INDEX, pad=Pad.value(0), default=None)
+    w: torch.Tensor | None = tensor_field(rows=BATCH, dtypes=INDEX, pad=Pad.value(0), default=None)
+
+
+_GROUPS = metadata_instances(GroupProbe, max_bs=2, num_slots=3)
+
+
+@_EVERY
+@given(m=_GROUPS)
+def test_a_governed_group_is_present_or_absent_as_one(m: GroupProbe) -> None:
+    assert (m.left is None) == (m.right is None), "a governed pair split"
+    assert m.required.shape == m.slots.shape  # drawn after an absent optional too
+
+
+def test_an_optional_declared_before_a_required_field_can_be_absent() -> None:
+    m = reach(_GROUPS, lambda m: m.early is None and m.left is None)
+    assert m.required.shape == m.slots.shape
+
+
+def test_a_governed_group_is_drawn_in_every_presence_mode() -> None:
+    # Present beside ungoverned optionals drawn each on their own (one present, one
+    # absent): the group's presence is drawn in that mode too, not only with "all".
+    reach(_GROUPS, lambda m: m.left is not None and (m.z is None) != (m.w is None))
+    reach(_GROUPS, lambda m: m.left is None and (m.z is None) != (m.w is None))
+    # and whatever the flag says (this flag does not require its fields)
+    reach(_GROUPS, lambda m: not m.has_pair and m.left is not None)
+    reach(_GROUPS, lambda m: m.has_pair and m.left is None)
+
+
 def test_device_is_honoured() -> None:
     m = reach(metadata_instances(Probe, device="meta"), lambda m: m.maybe is not None)
     assert all(
