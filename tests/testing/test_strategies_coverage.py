@@ -368,6 +368,30 @@ def test_a_governed_group_is_drawn_in_every_presence_mode() -> None:
     reach(_GROUPS, lambda m: m.has_pair and m.left is None)
 
 
+@metadata
+class WideSource:
+    slots: torch.Tensor = tensor_field(rows=BATCH, dtypes=INDEX, role=Role.WORKING_SLOT)
+    width: int = field(default=1)
+
+
+@metadata
+class WideDerived(WideSource):
+    """Derived fields whose shape depends on the source: a width named by a source field,
+    a 3-D field."""
+
+    table: torch.Tensor = tensor_field(rows=BATCH, cols="width", dtypes=INDEX, pad=Pad.value(-1))
+    cube: torch.Tensor = tensor_field(
+        rows=BATCH, ndim=3, dtypes=(torch.float32,), pad=Pad.value(0.0)
+    )
+
+
+def test_a_derived_field_is_as_wide_as_the_source_field_it_names() -> None:
+    # 4 is past the shared drawn width (1-3): only the source's value can make it.
+    m = reach(metadata_instances(WideDerived, max_bs=2), lambda m: m.width == 4)
+    assert m.table.shape == (m.slots.shape[0], 4)
+    assert m.cube.dim() == 3 and m.cube.shape[0] == m.slots.shape[0]
+
+
 def test_device_is_honoured() -> None:
     m = reach(metadata_instances(Probe, device="meta"), lambda m: m.maybe is not None)
     assert all(
