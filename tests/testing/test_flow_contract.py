@@ -863,3 +863,38 @@ def test_the_given_settings_bound_the_search() -> None:
     assert check_field_flow(Src, count, derived=Dst, settings=few).ok
     # Three examples (the search and the all-fields pass may each replay a few).
     assert 1 <= calls <= 12
+
+
+# --------------------------------------------------------------------------- report fields
+
+
+@dataclasses.dataclass
+class _NoDefaultDst:
+    count: int | None  # no default: a None here is the constructor's, not a default
+
+    @property
+    def n(self) -> int | None:  # an attribute that is no field: it has no default either
+        return None
+
+
+@dataclasses.dataclass
+class _CountSrc:
+    count: int | None = None
+
+
+@pytest.mark.parametrize("rename", [None, {"count": "n"}], ids=["field", "property"])
+def test_a_dropped_field_without_a_derived_default_did_not_take_one(
+    rename: dict[str, str] | None,
+) -> None:
+    report = check_field_flow(
+        _CountSrc, lambda s: _NoDefaultDst(count=None), rename=rename, settings=_QUICK
+    )
+    assert report.dropped == ("count",)
+    (failure,) = report.failures
+    assert failure.derived_value == "None" and failure.took_default is False
+
+
+def test_a_clean_report_names_its_classes_and_has_an_empty_failure_tuple() -> None:
+    report = check_field_flow(Src, copy_all, settings=_QUICK)
+    assert report.source == "Src" and report.derived == "Dst"
+    assert report.failures == () and report.ok
