@@ -898,3 +898,16 @@ def test_a_clean_report_names_its_classes_and_has_an_empty_failure_tuple() -> No
     report = check_field_flow(Src, copy_all, settings=_QUICK)
     assert report.source == "Src" and report.derived == "Dst"
     assert report.failures == () and report.ok
+
+
+def test_a_run_saves_no_example_to_the_profiles_database(tmp_path: Any) -> None:
+    # The one-shrink phase fails inside Hypothesis on purpose; with the profile's database
+    # it would save that example and replay it in an unrelated later run.
+    from hypothesis.database import DirectoryBasedExampleDatabase
+
+    db = tmp_path / "examples"
+    report = check_field_flow(
+        Src, drop_flag, settings=settings(_QUICK, database=DirectoryBasedExampleDatabase(db))
+    )
+    assert report.dropped == ("flag",)
+    assert not db.exists() or not any(p.is_file() for p in db.rglob("*"))
