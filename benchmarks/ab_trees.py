@@ -110,6 +110,7 @@ def main() -> None:
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "none",
         "torch": torch.__version__,
+        "triton": _triton_version(),
         "trees": dict(trees),
         "runs": runs,
     }
@@ -143,6 +144,14 @@ def main() -> None:
             (out / "ab_trees.json").write_text(json.dumps(result, indent=1))
     for tree, per in result.get("best_over_ref", {}).items():
         print(tree, " ".join(f"{k}={v:.3f}" for k, v in per.items()))
+
+
+def _triton_version() -> str:
+    try:
+        import triton
+    except ImportError:  # pragma: no cover - the benchmark needs it; the record says so
+        return "none"
+    return str(triton.__version__)
 
 
 def _ratios(runs: list[dict[str, Any]], ref: str) -> dict[str, dict[str, float]]:
