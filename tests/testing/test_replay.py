@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 
 import pytest
@@ -186,3 +187,46 @@ def test_each_test_case_frees_its_graphs_when_it_ends() -> None:
         assert graph() is None and backend() is None
     finally:
         gc.enable()
+
+
+def _drawn_batches(**options: object) -> list[Batch]:
+    """The batches ``check_replay`` steps ``Tiny`` through with these options (whether the
+    run passes does not matter here)."""
+    seen: list[Batch] = []
+
+    class Recorder(Tiny):
+        def make_inputs(self, batch: Batch, gen: torch.Generator) -> Mapping[str, torch.Tensor]:
+            seen.append(batch)
+            return super().make_inputs(batch, gen)
+
+    with contextlib.suppress(ReplayFailure):
+        check_replay(Recorder, settings=_QUICK, **options)  # type: ignore[arg-type]
+    assert seen, "the machine ran no step"
+    return seen
+
+
+def test_check_replay_passes_its_batch_options_to_the_machine() -> None:
+    assert any(-1 in b.slots for b in _drawn_batches(track=False, pad_rows=True))
+    assert not any(-1 in b.slots for b in _drawn_batches(track=False))
+    assert any(b.has_track for b in _drawn_batches(track=True))
+    assert not any(b.has_track for b in _drawn_batches(track=False))
+    assert {b.draft_token_num for b in _drawn_batches(track=False, draft_token_num=2)} == {2}
+    # the defaults: tracked rows drawn, one token a row
+    defaults = _drawn_batches()
+    assert any(b.has_track for b in defaults)
+    assert {b.draft_token_num for b in defaults} == {1}
+
+
+def test_check_replay_fills_only_the_tails_it_is_given() -> None:
+    tails: list[torch.Tensor] = []
+
+    class Recorder(Tiny):
+        def refresh(
+            self, batch: Batch, inputs: Mapping[str, torch.Tensor], bucket: int
+        ) -> None:
+            tails.append(self.x[batch.bs :].clone())  # what the harness left past the batch
+            super().refresh(batch, inputs, bucket)
+
+    check_replay(Recorder, settings=_QUICK, track=False, fills=[TailFill.NAN])
+    assert any(t.numel() for t in tails), "no step left a tail"
+    assert all(bool(t.isnan().all()) for t in tails)
