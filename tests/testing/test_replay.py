@@ -230,3 +230,28 @@ def test_check_replay_fills_only_the_tails_it_is_given() -> None:
     check_replay(Recorder, settings=_QUICK, track=False, fills=[TailFill.NAN])
     assert any(t.numel() for t in tails), "no step left a tail"
     assert all(bool(t.isnan().all()) for t in tails)
+
+
+class SecondStep(Tiny):
+    """Every step after the first returns row 0 off by one: a failure no single step shows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps = torch.zeros(())  # a tensor: the captured step reads it at every replay
+
+    def refresh(self, batch: Batch, inputs: Mapping[str, torch.Tensor], bucket: int) -> None:
+        self.steps += 1
+        super().refresh(batch, inputs, bucket)
+
+    def forward(self, bucket: int) -> Mapping[str, torch.Tensor]:
+        y = super().forward(bucket)["y"]
+        row0 = (torch.arange(y.shape[0])[:, None] == 0).to(y.dtype)
+        return {"y": y + row0 * (self.steps >= 2).to(y.dtype)}
+
+
+def test_a_failure_that_needs_two_steps_is_reported_with_both() -> None:
+    with pytest.raises(ReplayFailure) as info:
+        check_replay(SecondStep, settings=_QUICK, track=False)
+    assert len(info.value.steps) == 2  # the harness's reduction keeps both, drops no more
+    text = str(info.value)
+    assert text.count("\n  step(batch=Batch(") == 2
