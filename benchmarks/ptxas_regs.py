@@ -132,7 +132,16 @@ def compile_case(
     cx.update(pad_id=ints_const["pad_id"], n_slots=ints_const["n_slots"])
     if maxnreg is not None:
         opts["maxnreg"] = maxnreg
-    ints = _ints()
+    sig, consts, attrs = _signature(fn, ptrs, _ints(), cx)
+    return _inspect(kernel, dtype, rows, maxnreg, sass_dir, fn, sig, consts, attrs, opts)
+
+
+def _signature(
+    fn: Any, ptrs: dict[str, str], ints: dict[str, int], cx: dict[str, Any]
+) -> tuple[dict[str, str], dict[tuple[int, ...], Any], dict[tuple[int, ...], list[list[Any]]]]:
+    """The signature, constants and attributes Triton would specialise ``fn`` to for these
+    argument values (16-byte aligned pointers, absent optional pointers, ints equal to 1
+    folded, multiples of 16 marked)."""
     sig: dict[str, str] = {}
     consts: dict[tuple[int, ...], Any] = {}
     attrs: dict[tuple[int, ...], list[list[Any]]] = {}
@@ -153,7 +162,7 @@ def compile_case(
             sig[name] = "i32"
             if name not in _NOSPEC and ints[name] % 16 == 0:
                 attrs[(i,)] = [["tt.divisibility", 16]]
-    return _inspect(kernel, dtype, rows, maxnreg, sass_dir, fn, sig, consts, attrs, opts)
+    return sig, consts, attrs
 
 
 def _inspect(
@@ -234,24 +243,7 @@ def _compile_conv(rows: int, maxnreg: int | None, sass_dir: Path | None) -> dict
     opts: dict[str, Any] = {"num_warps": cfg.num_warps}
     if maxnreg is not None:
         opts["maxnreg"] = maxnreg
-    sig: dict[str, str] = {}
-    consts: dict[tuple[int, ...], Any] = {}
-    attrs: dict[tuple[int, ...], list[list[Any]]] = {}
-    for i, p in enumerate(fn.params):
-        name = p.name
-        if p.is_constexpr:
-            sig[name] = "constexpr"
-            consts[(i,)] = cx[name]
-        elif name in ptrs:
-            sig[name] = ptrs[name]
-            attrs[(i,)] = [["tt.divisibility", 16]]
-        elif name not in _NOSPEC and ints[name] == 1:
-            sig[name] = "constexpr"
-            consts[(i,)] = 1
-        else:
-            sig[name] = "i32"
-            if name not in _NOSPEC and ints[name] % 16 == 0:
-                attrs[(i,)] = [["tt.divisibility", 16]]
+    sig, consts, attrs = _signature(fn, ptrs, ints, cx)
     return _inspect("conv", "bf16", rows, maxnreg, sass_dir, fn, sig, consts, attrs, opts)
 
 
