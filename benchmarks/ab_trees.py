@@ -3,7 +3,8 @@
 Each tree is a ``src`` folder (``git archive <commit> src``): a worker process imports
 hybridmeta from it and times ``ssm_state_update`` per call inside a CUDA graph
 (``bench_kernels.SsmProblem`` and ``graph_us``: calls on rotating pools, L2 streamed past),
-with this checkout's benchmark code in every tree. The parent runs the trees round-robin,
+with this checkout's benchmark code in every tree, and the copy ceiling each worker measures
+first (every row also carries its fraction of it). The parent runs the trees round-robin,
 ``--rounds`` times, rotating the order each round, and writes every run and each tree's best
 run over the reference tree's (the first) to ``--out``/``ab_trees.json`` after every worker,
 so a call that runs out of time keeps what it measured.
@@ -43,6 +44,9 @@ def worker(dtypes: list[str], bs_list: list[int], profile: bool) -> None:
     from hybridmeta.kernels import ssm_update
 
     rows: list[dict[str, Any]] = []
+    # The device-to-device copy ceiling, measured in this worker (the fractions below are
+    # of it): 1 GiB each way, as bench_kernels.py measures it.
+    ceiling = None if profile else bk.copy_ceiling()["tbps"]
     for name in dtypes:
         dtype = getattr(torch, name)
         for bs in bs_list:
@@ -56,13 +60,15 @@ def worker(dtypes: list[str], bs_list: list[int], profile: bool) -> None:
                 bk.SsmProblem(bs, dtype, seed=i + 1) for i in range(bk._n_rotating(nb) - 1)
             ]
             t = bk.graph_us([p.ours for p in probs])
-            rows.append({"state_dtype": name, "bs": bs, "graph_us": t, "bytes": nb})
+            assert ceiling is not None
+            rows.append({"state_dtype": name, "bs": bs, "graph_us": t, "bytes": nb,
+                         "frac_copy": nb / t / 1e6 / ceiling})  # fmt: skip
             del probe, probs
             torch.cuda.empty_cache()
     regs = sorted(
         {(v.n_regs, v.n_spills) for v in ssm_update._TILE_LAUNCHER._variants.values()}
     )
-    print(json.dumps({"rows": rows, "tile_regs_spills": regs}))
+    print(json.dumps({"rows": rows, "copy_tbps": ceiling, "tile_regs_spills": regs}))
 
 
 def main() -> None:
@@ -135,9 +141,10 @@ def main() -> None:
                 got = json.loads(r.stdout.strip().splitlines()[-1])
                 runs.append({"tree": name, "round": rnd, "wall_s": wall, **got})
                 print(
-                    f"{name} round {rnd} ({wall:.0f} s, regs {got['tile_regs_spills']}): "
+                    f"{name} round {rnd} ({wall:.0f} s, copy {got['copy_tbps']:.3f} TB/s, "
+                    f"regs {got['tile_regs_spills']}): "
                     + " ".join(f"{x['state_dtype'][:4]}/{x['bs']}={x['graph_us']:.2f}"
-                               for x in got["rows"]),
+                               f" ({x['frac_copy']:.1%})" for x in got["rows"]),
                     flush=True,
                 )  # fmt: skip
             result["best_over_ref"] = _ratios(runs, trees[0][0])
