@@ -1,32 +1,42 @@
-"""A/B of source trees' SSM update kernels in one device session, trees run alternately.
+"""A/B of source trees' decode and verify kernels in one device session, trees run alternately.
 
 Each tree is a ``src`` folder (``git archive <commit> src``): a worker process imports
-hybridmeta from it and times ``ssm_state_update`` per call inside a CUDA graph
-(``bench_kernels.SsmProblem`` and ``graph_us``: calls on rotating pools, L2 streamed past),
-with this checkout's benchmark code in every tree, and the copy ceiling each worker measures
-first (every row also carries its fraction of it). The parent runs the trees round-robin,
-``--rounds`` times, rotating the order each round, and writes every run and each tree's best
-run over the reference tree's (the first) to ``--out``/``ab_trees.json`` after every worker,
-so a call that runs out of time keeps what it measured.
+hybridmeta from it and times each case of ``--ops`` per call inside a CUDA graph (the
+problems of ``bench_kernels`` and ``bench_spec`` at Nano shapes, calls on rotating pools so
+L2 is streamed past; ``graph_us``), with this checkout's benchmark code in every tree, and
+the copy ceiling each worker measures first (every row also carries its fraction of it).
+The parent runs the trees round-robin, ``--rounds`` times, rotating the order each round,
+and writes every run and each tree's best run over the reference tree's (the first), per
+case, to ``--out``/``ab_trees.json`` after every worker, so a call that runs out of time
+keeps what it measured.
+
+Ops (``--ops``): ``ssm`` (``ssm_state_update``), ``conv`` / ``conv_inner``
+(``causal_conv1d_update`` on a ``[slots, conv_dim, k-1]`` / ``[slots, k-1, conv_dim]``
+pool), ``track`` (``track_save``, its fixed cases), ``verify`` (``ssm_verify_update``,
+``--T`` tokens), ``conv_verify``, ``commit`` (``spec_commit``, T = 4, its fixed cases).
 
 ``--ncu`` instead runs one worker per tree under Nsight Compute (one profiled launch of the
-tile kernel per batch size, ``--clock-control none``) and keeps its CSV.
+SSM tile kernel per batch size, ``--clock-control none``; ``--ops ssm`` only) and keeps its
+CSV.
 
 Run (GPU machine)::
 
     python3 benchmarks/ab_trees.py --out "$OUT" --tree base=.gpu_snap/base/src \\
-        --tree main=src --rounds 2 --dtypes bfloat16 --bs 8,16,128,256
+        --tree main=src --rounds 2 --ops ssm,conv --dtypes bfloat16 --bs 8,16,128,256
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
+import math
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,38 +47,139 @@ NCU_SECTIONS = (
 )  # fmt: skip
 
 
-def worker(dtypes: list[str], bs_list: list[int], profile: bool) -> None:
+OPS = ("ssm", "conv", "conv_inner", "track", "verify", "conv_verify", "commit")
+Calls = list[Callable[[], Any]]
+
+
+def _cases(
+    ops: list[str], dtypes: list[str], bs_list: list[int], t_list: list[int]
+) -> Iterator[tuple[str, dict[str, Any], Callable[[], tuple[Calls, float]]]]:
+    """Each case's key, its row fields, and a builder of (its calls, each on its own
+    problem, and one call's bytes). Builders run one at a time: one case's pools live."""
     import bench_kernels as bk
+    import bench_spec as bsp
     import torch
 
-    from hybridmeta.kernels import ssm_update
+    def rotating(make: Callable[[int], Any], count: Callable[[float], int]) -> tuple[Calls, float]:
+        first = make(0)
+        nb = _nbytes(first)
+        return [first.ours] + [make(i).ours for i in range(1, count(nb))], nb
+
+    def conv_count(nb: float) -> int:  # bench_kernels._rotating's count for the conv
+        return max(2, min(32, math.ceil(256e6 / nb)))
+
+    for op in ops:
+        if op not in OPS:
+            raise SystemExit(f"--ops: unknown op {op!r} (one of {', '.join(OPS)})")
+        if op == "ssm":
+            for name in dtypes:
+                for bs in bs_list:
+                    make = functools.partial(_seeded, bk.SsmProblem, bs, getattr(torch, name))
+                    yield f"ssm/{name}/{bs}", {"state_dtype": name, "bs": bs}, (
+                        functools.partial(rotating, make, bk._n_rotating)
+                    )  # fmt: skip
+        elif op in ("conv", "conv_inner"):
+            for bs in bs_list:
+                make = functools.partial(_unseeded, bk.ConvProblem, bs, inner=op == "conv_inner")
+                yield f"{op}/{bs}", {"bs": bs}, functools.partial(rotating, make, conv_count)
+        elif op == "track":
+            for tracked, bs in bk.TRACK_CASES:
+                make = functools.partial(_unseeded, bk.TrackProblem, tracked, bs, torch.float32)
+                yield f"track/{tracked}/{bs}", {"tracked": tracked, "bs": bs}, (
+                    functools.partial(rotating, make, lambda nb: 1)
+                )  # fmt: skip
+        elif op == "verify":
+            for name in dtypes:
+                for T in t_list:
+                    for bs in bs_list:
+                        make = functools.partial(_seeded, bsp.Verify, bs, T, getattr(torch, name))
+                        yield f"verify/{name}/T{T}/{bs}", {"state_dtype": name, "T": T, "bs": bs}, (
+                            functools.partial(rotating, make, bk._n_rotating)
+                        )  # fmt: skip
+        elif op == "conv_verify":
+            for T in t_list:
+                for bs in bs_list:
+                    make = functools.partial(_seeded, bsp.ConvVerify, bs, T)
+                    yield f"conv_verify/T{T}/{bs}", {"T": T, "bs": bs}, (
+                        functools.partial(rotating, make, bk._n_rotating)
+                    )  # fmt: skip
+        else:  # commit: 27 layers, big enough without rotating
+            for bs, tracked in ((16, 0), (16, 4), (64, 0)):
+                make = functools.partial(_unseeded, bsp.Commit, bs, tracked, 4)
+                yield f"commit/T4/{bs}/{tracked}", {"T": 4, "bs": bs, "tracked": tracked}, (
+                    functools.partial(rotating, make, lambda nb: 1)
+                )  # fmt: skip
+
+
+def _seeded(cls: Any, *args: Any) -> Any:
+    """``cls(*args[:-1], seed=args[-1])``: with the leading arguments bound, problem ``i``."""
+    *head, seed = args
+    return cls(*head, seed=seed)
+
+
+def _unseeded(cls: Any, *args: Any, **kw: Any) -> Any:
+    """``cls(*args[:-1], **kw)``: problem ``i`` of a class without a seed (global RNG)."""
+    return cls(*args[:-1], **kw)
+
+
+def _nbytes(prob: Any) -> float:
+    """Bytes one call moves, as each problem class spells it (``bytes()``, ``nbytes()``, or
+    an ``nbytes`` attribute)."""
+    for name in ("bytes", "nbytes"):
+        v = getattr(prob, name, None)
+        if v is not None:
+            return float(v() if callable(v) else v)
+    raise TypeError(f"{type(prob).__name__} has neither bytes() nor nbytes")
+
+
+def worker(
+    ops: list[str],
+    dtypes: list[str],
+    bs_list: list[int],
+    t_list: list[int],
+    profile: bool,
+    smoke: bool = False,
+) -> None:
+    import bench_kernels as bk
+    import bench_spec as bsp
+    import torch
+
+    if smoke:  # tiny shapes on the CPU (the interpreter): only to exercise the script
+        bk._make_dry()
+        bsp._make_dry()
 
     rows: list[dict[str, Any]] = []
     # The device-to-device copy ceiling, measured in this worker (the fractions below are
     # of it): 1 GiB each way, as bench_kernels.py measures it.
     ceiling = None if profile else bk.copy_ceiling()["tbps"]
-    for name in dtypes:
-        dtype = getattr(torch, name)
-        for bs in bs_list:
-            probe = bk.SsmProblem(bs, dtype)
-            if profile:  # one eager call a case: ncu profiles each (it replays the kernel)
-                probe.ours()
-                torch.cuda.synchronize()
-                continue
-            nb = probe.bytes()
-            probs = [probe] + [
-                bk.SsmProblem(bs, dtype, seed=i + 1) for i in range(bk._n_rotating(nb) - 1)
-            ]
-            t = bk.graph_us([p.ours for p in probs])
+    for key, fields, build in _cases(ops, dtypes, bs_list, t_list):
+        calls, nb = build()
+        if profile:  # one eager call a case: ncu profiles each (it replays the kernel)
+            calls[0]()
+            torch.cuda.synchronize()
+        else:
+            t = bk.graph_us(calls)
             assert ceiling is not None
-            rows.append({"state_dtype": name, "bs": bs, "graph_us": t, "bytes": nb,
-                         "frac_copy": nb / t / 1e6 / ceiling})  # fmt: skip
-            del probe, probs
-            torch.cuda.empty_cache()
-    regs = sorted(
-        {(v.n_regs, v.n_spills) for v in ssm_update._TILE_LAUNCHER._variants.values()}
-    )
-    print(json.dumps({"rows": rows, "copy_tbps": ceiling, "tile_regs_spills": regs}))
+            rows.append({"case": key, "op": key.split("/")[0], **fields, "graph_us": t,
+                         "bytes": nb, "frac_copy": nb / t / 1e6 / ceiling})  # fmt: skip
+        del calls
+        torch.cuda.empty_cache()
+    print(json.dumps({"rows": rows, "copy_tbps": ceiling, "regs_spills": _regs()}))
+
+
+def _regs() -> dict[str, list[tuple[int, int]]]:
+    """Registers and spills of every variant each kernel launcher compiled in this worker."""
+    out: dict[str, list[tuple[int, int]]] = {}
+    for mname, mod in sorted(sys.modules.items()):
+        if not mname.startswith("hybridmeta.kernels.") or mod is None:
+            continue
+        for attr, obj in vars(mod).items():
+            variants = getattr(obj, "_variants", None)
+            if isinstance(variants, dict) and variants:
+                out[f"{mname.rsplit('.', 1)[1]}.{attr}"] = sorted(
+                    {(getattr(v, "n_regs", -1), getattr(v, "n_spills", -1)) for v in variants.values()}
+                )
+    return out
 
 
 def main() -> None:
@@ -76,22 +187,30 @@ def main() -> None:
     ap.add_argument("--out", default=".")
     ap.add_argument("--tree", action="append", default=[], help="name=path/to/src (first: reference)")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--dtypes", default="bfloat16")
-    ap.add_argument("--bs", default="8,16,128,256")
+    ap.add_argument("--ops", default="ssm", help=f"comma-separated, of {','.join(OPS)}")
+    ap.add_argument("--dtypes", default="bfloat16", help="state dtypes (ssm, verify)")
+    ap.add_argument("--bs", default="8,16,128,256", help="batch sizes (not track, commit)")
+    ap.add_argument("--T", default="4", help="draft lengths (verify, conv_verify)")
     ap.add_argument("--ncu", action="store_true")
     ap.add_argument("--worker", action="store_true")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (a test)")
     ap.add_argument("--timeout", type=float, default=240.0)
     args = ap.parse_args()
+    ops = args.ops.split(",")
     dtypes = args.dtypes.split(",")
     bs_list = [int(b) for b in args.bs.split(",")]
+    t_list = [int(t) for t in args.T.split(",")]
     if args.worker:
-        worker(dtypes, bs_list, args.profile)
+        worker(ops, dtypes, bs_list, t_list, args.profile, args.smoke)
         return
+    if args.ncu and ops != ["ssm"]:
+        raise SystemExit("--ncu profiles the SSM tile kernel: --ops ssm only")
     trees = [t.split("=", 1) for t in args.tree]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    common = ["--dtypes", args.dtypes, "--bs", args.bs, "--worker"]
+    common = ["--ops", args.ops, "--dtypes", args.dtypes, "--bs", args.bs, "--T", args.T]
+    common += ["--worker", *(["--smoke"] if args.smoke else [])]
     if args.ncu:
         for name, src in trees:
             env = dict(os.environ, PYTHONPATH=f"{src}:{HERE}")
@@ -142,9 +261,9 @@ def main() -> None:
                 runs.append({"tree": name, "round": rnd, "wall_s": wall, **got})
                 print(
                     f"{name} round {rnd} ({wall:.0f} s, copy {got['copy_tbps']:.3f} TB/s, "
-                    f"regs {got['tile_regs_spills']}): "
-                    + " ".join(f"{x['state_dtype'][:4]}/{x['bs']}={x['graph_us']:.2f}"
-                               f" ({x['frac_copy']:.1%})" for x in got["rows"]),
+                    f"regs {got['regs_spills']}): "
+                    + " ".join(f"{x['case']}={x['graph_us']:.2f} ({x['frac_copy']:.1%})"
+                               for x in got["rows"]),
                     flush=True,
                 )  # fmt: skip
             result["best_over_ref"] = _ratios(runs, trees[0][0])
@@ -165,7 +284,7 @@ def _ratios(runs: list[dict[str, Any]], ref: str) -> dict[str, dict[str, float]]
     best: dict[str, dict[str, float]] = {}
     for r in runs:
         for x in r.get("rows", []):
-            key = f"{x['state_dtype']}/{x['bs']}"
+            key = x["case"]
             cur = best.setdefault(r["tree"], {})
             cur[key] = min(cur.get(key, float("inf")), x["graph_us"])
     base = best.get(ref, {})

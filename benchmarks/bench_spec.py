@@ -292,29 +292,39 @@ def bench_conv(ceiling: float) -> list[dict[str, Any]]:
     return rows
 
 
-def _commit_case(ceiling: float, bs: int, tracked: int, T: int) -> dict[str, Any]:
-    slots = 2 * bs + 1
-    ssm = torch.empty(LAYERS, slots, H, P, N, device=DEV)
-    conv = torch.empty(LAYERS, slots, CONV_DIM, K - 1, device=DEV, dtype=ACT)
-    iss = torch.empty(LAYERS, bs, T, H, P, N, device=DEV)
-    ic = torch.empty(LAYERS, bs, T, CONV_DIM, K - 1, device=DEV, dtype=ACT)
-    perm = torch.randperm(slots, device=DEV)
-    src, trk = perm[:bs].clone(), perm[bs : 2 * bs].clone()
-    acc = torch.randint(0, T, (bs,), device=DEV)
-    mask = torch.arange(bs, device=DEV) < tracked
-    tok = torch.zeros(bs, dtype=torch.int64, device=DEV)
+class Commit:
+    """One commit after a verify: 27 layers, fp32 SSM + bf16 conv, ``bs`` rows of a
+    ``T``-token chain; the first ``tracked`` rows also copy their boundary token into a
+    track slot."""
 
-    def run() -> None:
+    def __init__(self, bs: int, tracked: int, T: int) -> None:
+        slots = 2 * bs + 1
+        self.bs, self.tracked, self.T = bs, tracked, T
+        self.ssm = torch.empty(LAYERS, slots, H, P, N, device=DEV)
+        self.conv = torch.empty(LAYERS, slots, CONV_DIM, K - 1, device=DEV, dtype=ACT)
+        self.iss = torch.empty(LAYERS, bs, T, H, P, N, device=DEV)
+        self.ic = torch.empty(LAYERS, bs, T, CONV_DIM, K - 1, device=DEV, dtype=ACT)
+        perm = torch.randperm(slots, device=DEV)
+        self.src, self.trk = perm[:bs].clone(), perm[bs : 2 * bs].clone()
+        self.acc = torch.randint(0, T, (bs,), device=DEV)
+        self.mask = torch.arange(bs, device=DEV) < tracked
+        self.tok = torch.zeros(bs, dtype=torch.int64, device=DEV)
+        per_row = LAYERS * (H * P * N * 4 + CONV_DIM * (K - 1) * 2)
+        self.nbytes = float(2 * (bs + tracked) * per_row)
+
+    def ours(self) -> None:
         spec_commit(
-            conv, ssm, ic, iss, state_indices=src, accepted_index=acc, track_indices=trk,
-            track_mask=mask, track_token=tok,
+            self.conv, self.ssm, self.ic, self.iss, state_indices=self.src,
+            accepted_index=self.acc, track_indices=self.trk, track_mask=self.mask,
+            track_token=self.tok,
         )  # fmt: skip
 
-    per_row = LAYERS * (H * P * N * 4 + CONV_DIM * (K - 1) * 2)
-    nbytes = float(2 * (bs + tracked) * per_row)
-    t = med_us(run)
-    return {"layers": LAYERS, "T": T, "bs": bs, "tracked": tracked, "bytes": nbytes,
-            "ours_us": t, "ours_frac_copy": nbytes / t / 1e6 / ceiling}  # fmt: skip
+
+def _commit_case(ceiling: float, bs: int, tracked: int, T: int) -> dict[str, Any]:
+    c = Commit(bs, tracked, T)
+    t = med_us(c.ours)
+    return {"layers": LAYERS, "T": T, "bs": bs, "tracked": tracked, "bytes": c.nbytes,
+            "ours_us": t, "ours_frac_copy": c.nbytes / t / 1e6 / ceiling}  # fmt: skip
 
 
 def bench_commit(ceiling: float) -> list[dict[str, Any]]:

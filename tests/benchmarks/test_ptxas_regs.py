@@ -57,11 +57,12 @@ def test_every_case_is_compiled_and_capped(tmp_path: Path) -> None:
 
 
 #: Kernels whose slot checks still cost resident programs, per Triton version (major.minor):
-#: the conv update with Triton 3.9 (56 -> 61 registers at one row a program, 96 -> 128 at
-#: four; not with 3.6, the GPU image's, where it was timed: docs/perf_notes.md, "Round 3,
-#: fourth GPU session"). Listed so that fixing them, or a new one, fails this test.
+#: the conv update at one row a program with Triton 3.9 (56 -> 61 registers; not with 3.6,
+#: the GPU image's, where it was timed at 0.935-0.995x the unchecked kernel:
+#: docs/perf_notes.md, "Round 3, fifth GPU session"; at four rows 96 -> 128 before that
+#: session's change, 96 now). Listed so that fixing it, or a new one, fails this test.
 _KNOWN_COST: dict[str, set[tuple[str, str, int]]] = {
-    "3.9": {("conv", "bf16", 1), ("conv", "bf16", 4)},
+    "3.9": {("conv", "bf16", 1)},
 }
 
 

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import torch
 from hypothesis import given
+from hypothesis import strategies as st
 
 from hybridmeta.kernels import (
     SlotIndexError,
@@ -258,8 +259,12 @@ def test_ssm_update_is_memory_safe_for_every_id(case: kst.SafeSsmCase) -> None:
 # --------------------------------------------------------------------------- conv update
 
 
-@given(case=kst.safe_rows_cases(with_track=False))
-def test_conv_update_is_memory_safe_for_every_id(case: kst.SafeRowsCase) -> None:
+@given(case=kst.safe_rows_cases(with_track=False), channels_contiguous=st.booleans())
+def test_conv_update_is_memory_safe_for_every_id(
+    case: kst.SafeRowsCase, channels_contiguous: bool
+) -> None:
+    """Both pool layouts: ``[slots, conv_dim, k-1]`` (one row a program) and ``[slots, k-1,
+    conv_dim]`` storage (four rows a program: the least bad row of a block is reported)."""
     ids, bs = case.ids, case.bs
     g = torch.Generator().manual_seed(case.seed)
     D, K = 5, 3
@@ -270,12 +275,18 @@ def test_conv_update_is_memory_safe_for_every_id(case: kst.SafeRowsCase) -> None
     written = {s for s in case.src if ids.valid(s)}
     x, w = torch.randn(bs, D, generator=g), torch.randn(D, K, generator=g)
     src = _idx(case.src, ids)
-    big0, _ = _guarded((ids.slots, D, K - 1), 0, ids, torch.float32, g)
+    shape = (ids.slots, K - 1, D) if channels_contiguous else (ids.slots, D, K - 1)
+    big0, _ = _guarded(shape, 0, ids, torch.float32, g)
+
+    def pool(big: torch.Tensor) -> torch.Tensor:
+        cs = big[ids.guard : ids.guard + ids.slots]
+        return cs.transpose(1, 2) if channels_contiguous else cs
+
     rec = error_record(CPU)
     results = []
     for impl in ("triton", "reference"):
         big = big0.clone()
-        cs = big[ids.guard : ids.guard + ids.slots]
+        cs = pool(big)
         out = torch.full((bs, D), 7.0)
         reset_errors(CPU)
         if impl == "triton":
@@ -293,7 +304,7 @@ def test_conv_update_is_memory_safe_for_every_id(case: kst.SafeRowsCase) -> None
     assert_close(results[0][1], results[1][1], "conv: triton vs reference pool")
 
     big = big0.clone()
-    cs = big[ids.guard : ids.guard + ids.slots]
+    cs = pool(big)
     ran = _check_public(
         "causal_conv1d_update", want,
         lambda: causal_conv1d_update(

@@ -65,6 +65,43 @@ _OP = "causal_conv1d_update"
 _TAG: tl.constexpr = tl.constexpr(TAG[_OP])
 
 
+@triton.jit(noinline=True)
+def _poison_rows(
+    out_ptr: tl.tensor,
+    slot_ptr: tl.tensor,
+    err_ptr: tl.tensor,
+    bs: tl.tensor,
+    pad_id: tl.tensor,
+    n_slots: tl.tensor,
+    dim: tl.tensor,
+    stride_o_b: tl.tensor,
+    stride_o_c: tl.tensor,
+    ROWS: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+) -> None:
+    """A program of several rows: its bad rows (an id neither the pad id nor a slot), after
+    its stores: their NaN output over the zeros it stored (after a barrier: other threads
+    stored those), and the least one's fault reported by the first channel block. Called
+    only when the program has a bad row; its ids are read again here, so nothing of the
+    check but one flag is live on the hot path."""
+    i_c = tl.program_id(0)
+    o_b = (tl.program_id(1) * ROWS + tl.arange(0, ROWS)).to(tl.int64)  # [R]
+    m_b = o_b < bs
+    slot = tl.load(slot_ptr + o_b, mask=m_b, other=pad_id).to(tl.int64)
+    bad = (slot != pad_id) & (valid_slot(slot, pad_id, n_slots) == 0)  # [R]
+    o_c = i_c * BLOCK_C + tl.arange(0, BLOCK_C)  # [C]
+    tl.debug_barrier()
+    tl.store(
+        out_ptr + o_b[:, None] * stride_o_b + o_c[None, :] * stride_o_c,
+        tl.full([ROWS, BLOCK_C], float("nan"), out_ptr.dtype.element_ty),
+        mask=bad[:, None] & (o_c < dim)[None, :],
+    )
+    if i_c == 0:  # one report per bad row: the least one
+        r_bad = tl.min(tl.where(bad, o_b, bs), axis=0)
+        v_bad = tl.sum(tl.where(o_b == r_bad, slot, 0), axis=0)
+        report(err_ptr, _TAG, r_bad, 0, v_bad, pad_id, n_slots)
+
+
 @triton.jit(do_not_specialize=["bs", "pad_id", "n_slots"])
 def _conv_update_kernel(
     x_ptr: tl.tensor,
@@ -98,9 +135,28 @@ def _conv_update_kernel(
     i_r = tl.program_id(1)
     o_b = (i_r * ROWS + tl.arange(0, ROWS)).to(tl.int64)  # [R]
     m_b = o_b < bs
-    slot = tl.load(slot_ptr + o_b, mask=m_b, other=0).to(tl.int64)  # [R]
-    ok = m_b & valid_slot(slot, pad_id, n_slots)  # [R] live rows
-    bad = m_b & (slot != pad_id) & (ok == 0)  # [R] invalid ids: no state, NaN output
+    # What the check leaves on the hot path was measured on the H200 against the kernel
+    # without checks (docs/perf_notes.md, "Round 3, fifth GPU session"): 0.94-1.00x.
+    if ROWS == 1:
+        # One row a program (i_r < bs): its id a scalar, judged as one. A non-live row's
+        # output comes from the output select (NaN for a bad id), its report from the
+        # first channel block. Judged from a [1] tile instead, the flag is a reduction that
+        # Triton feeds from a second load of the id; that and a cold block after the stores
+        # cost 1-3% at 16-512 rows.
+        s_id = tl.load(slot_ptr + i_r).to(tl.int64)
+        any_bad = (s_id != pad_id) & (valid_slot(s_id, pad_id, n_slots) == 0)
+        slot = tl.full([ROWS], 0, tl.int64) + s_id  # [R]
+        fill = tl.where(s_id != pad_id, float("nan"), 0.0)  # a non-live row's output
+    else:
+        # Several rows: only a flag of the check crosses the kernel. A bad row stores zeros
+        # here as a pad row does; _poison_rows stores its NaN after the stores (a NaN select
+        # of [R, C] and the report in this body cost 2-3.5% at 1-64 rows). Rows past bs
+        # read as pad rows.
+        slot = tl.load(slot_ptr + o_b, mask=m_b, other=pad_id).to(tl.int64)  # [R]
+        bad = (slot != pad_id) & (valid_slot(slot, pad_id, n_slots) == 0)  # [R]
+        any_bad = tl.max(bad.to(tl.int32), axis=0) != 0
+        fill = 0.0
+    ok = valid_slot(slot, pad_id, n_slots)  # [R] live rows
     o_c = i_c * BLOCK_C + tl.arange(0, BLOCK_C)  # [C]
     o_k = tl.arange(0, BLOCK_K)  # [K]
     m_c = o_c < dim
@@ -132,7 +188,7 @@ def _conv_update_kernel(
     if SILU:
         b_o = b_o * tl.sigmoid(b_o)
     # A pad row's x may be garbage (even NaN): select, never multiply, to zero it.
-    b_o = tl.where(m_live, b_o, tl.where(bad[:, None], float("nan"), 0.0))
+    b_o = tl.where(m_live, b_o, fill)
     tl.store(
         out_ptr + o_b[:, None] * stride_o_b + o_c[None, :] * stride_o_c,
         b_o.to(out_ptr.dtype.element_ty),
@@ -144,13 +200,16 @@ def _conv_update_kernel(
     # Window column j (1 <= j <= WIDTH-1) becomes state column j-1.
     m_new = m_live[:, :, None] & (o_k[None, None, :] >= 1) & (o_k[None, None, :] < WIDTH)
     tl.store(p_s - stride_cs_w, b_win.to(conv_state_ptr.dtype.element_ty), mask=m_new)
-    if i_c == 0:
-        # One report per bad row (the program of the first channel block): the least row.
-        # After the stores: an outlined call before the loads serialises them.
-        r_bad = tl.min(tl.where(bad, o_b, bs), axis=0)
-        if r_bad < bs:
-            v_bad = tl.sum(tl.where(o_b == r_bad, slot, 0), axis=0)
-            report(err_ptr, _TAG, r_bad, 0, v_bad, pad_id, n_slots)
+    if ROWS == 1:
+        # One comparison, not `a & b` of scalars (the interpreter mistypes those).
+        if tl.where(any_bad, i_c, 1) == 0:
+            report(err_ptr, _TAG, i_r, 0, s_id, pad_id, n_slots)
+    else:
+        if any_bad:
+            _poison_rows(
+                out_ptr, slot_ptr, err_ptr, bs, pad_id, n_slots, dim, stride_o_b, stride_o_c,
+                ROWS, BLOCK_C,
+            )  # fmt: skip
 
 
 def launch_conv_update(

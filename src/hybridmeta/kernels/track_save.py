@@ -89,36 +89,43 @@ def _track_save_kernel(
     o_c = tl.arange(0, CONV_BLOCK)
     n_ssm = tl.cdiv(ssm_numel, SSM_BLOCK)  # chunks per layer slot
     n_conv = tl.cdiv(conv_numel, CONV_BLOCK)
+    # The least flagged row holding an id that is neither the pad id nor a valid slot (it
+    # copies nothing): reported once, after the loop. An unflagged row costs what it did
+    # before the checks (its ids are loaded, not judged); docs/perf_notes.md.
+    first_bad = bs
     for b in tl.range(0, bs):
-        flag = tl.load(mask_ptr + b) != 0
+        flag = tl.load(mask_ptr + b)
         src = tl.load(src_ptr + b).to(tl.int64)
         dst = tl.load(dst_ptr + b).to(tl.int64)
-        src_ok = valid_slot(src, pad_id, n_slots)
-        dst_ok = valid_slot(dst, pad_id, n_slots)
-        # A flagged row with an id that is neither the pad id nor a valid slot copies nothing.
-        bad_src = flag & (src != pad_id) & (src_ok == 0)
-        bad_dst = flag & src_ok & (dst != pad_id) & (dst_ok == 0)
-        if (bad_src | bad_dst) & (pid == 0):
-            report(
-                err_ptr, _TAG, b, tl.where(bad_src, 0, 1), tl.where(bad_src, src, dst), pad_id,
-                n_slots,
-            )  # fmt: skip
-        # One comparison, not `a & b & c` of scalars (the interpreter mistypes those).
-        if tl.where(flag & src_ok & dst_ok, 1, 0) > 0:
-            for j in tl.range(pid, num_layers * n_ssm, nprog):
-                i_l = j // n_ssm
-                offs = (j - i_l * n_ssm) * SSM_BLOCK + o_s  # [SB] within the slot
-                base = ssm_ptr + i_l.to(tl.int64) * stride_ssm_l
-                m = offs < ssm_numel
-                v = tl.load(base + src * stride_ssm_slot + offs, mask=m)
-                tl.store(base + dst * stride_ssm_slot + offs, v, mask=m)
-            for j in tl.range(pid, num_layers * n_conv, nprog):
-                i_l = j // n_conv
-                offs = (j - i_l * n_conv) * CONV_BLOCK + o_c  # [CB]
-                base = conv_ptr + i_l.to(tl.int64) * stride_conv_l
-                m = offs < conv_numel
-                v = tl.load(base + src * stride_conv_slot + offs, mask=m)
-                tl.store(base + dst * stride_conv_slot + offs, v, mask=m)
+        if flag != 0:
+            src_ok = valid_slot(src, pad_id, n_slots)
+            dst_ok = valid_slot(dst, pad_id, n_slots)
+            bad = ((src != pad_id) & (src_ok == 0)) | (src_ok & (dst != pad_id) & (dst_ok == 0))
+            first_bad = tl.minimum(first_bad, tl.where(bad, b, bs))
+            # One comparison, not `a & b` of scalars (the interpreter mistypes those).
+            if tl.where(src_ok & dst_ok, 1, 0) > 0:
+                for j in tl.range(pid, num_layers * n_ssm, nprog):
+                    i_l = j // n_ssm
+                    offs = (j - i_l * n_ssm) * SSM_BLOCK + o_s  # [SB] within the slot
+                    base = ssm_ptr + i_l.to(tl.int64) * stride_ssm_l
+                    m = offs < ssm_numel
+                    v = tl.load(base + src * stride_ssm_slot + offs, mask=m)
+                    tl.store(base + dst * stride_ssm_slot + offs, v, mask=m)
+                for j in tl.range(pid, num_layers * n_conv, nprog):
+                    i_l = j // n_conv
+                    offs = (j - i_l * n_conv) * CONV_BLOCK + o_c  # [CB]
+                    base = conv_ptr + i_l.to(tl.int64) * stride_conv_l
+                    m = offs < conv_numel
+                    v = tl.load(base + src * stride_conv_slot + offs, mask=m)
+                    tl.store(base + dst * stride_conv_slot + offs, v, mask=m)
+    if (first_bad < bs) & (pid == 0):
+        src = tl.load(src_ptr + first_bad).to(tl.int64)
+        dst = tl.load(dst_ptr + first_bad).to(tl.int64)
+        bad_src = (src != pad_id) & (valid_slot(src, pad_id, n_slots) == 0)
+        report(
+            err_ptr, _TAG, first_bad, tl.where(bad_src, 0, 1), tl.where(bad_src, src, dst),
+            pad_id, n_slots,
+        )  # fmt: skip
 
 
 def launch_track_save(
