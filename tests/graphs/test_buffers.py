@@ -1060,3 +1060,17 @@ def test_a_bucket_metadata_is_built_once_outside_debug_mode() -> None:
     with debug_mode():
         c = buffers.refresh(_step([5]), 4, _x(1))
     assert c is not a and c.mamba_cache_indices.tolist() == [5, -1, -1, -1]
+
+
+def test_a_refresh_under_another_default_device_builds_on_the_buffers_device() -> None:
+    """The offsets' pad table is built on the buffers' device, not on torch's default
+    device: a refresh under ``with torch.device("meta")`` failed copying out of a meta
+    tensor (and under a default CUDA device CPU buffers took a device round trip)."""
+    want = _buffers().refresh(_step([3, 5]), 4, _x(2))
+    buffers = _buffers()
+    step, x = _step([3, 5]), _x(2)
+    with torch.device("meta"):
+        md = buffers.refresh(step, 4, x)
+    assert md.query_start_loc.device.type == "cpu"
+    assert md.query_start_loc.tolist() == want.query_start_loc.tolist() == [0, 1, 2, 2, 2]
+    assert md.mamba_cache_indices.tolist() == want.mamba_cache_indices.tolist()

@@ -500,8 +500,9 @@ class StaticBuffers:
         table = self._cumulative.get((name, T))
         if table is None:
             rows = self._buffers[name].shape[0]
-            i = torch.arange(rows, dtype=self._buffers[name].dtype)
-            table = (torch.minimum(i[None, :], i[:, None]) * T).to(self.device)
+            # On the buffers' device, whatever torch's default device is.
+            i = torch.arange(rows, dtype=self._buffers[name].dtype, device=self.device)
+            table = torch.minimum(i[None, :], i[:, None]) * T
             self._cumulative[(name, T)] = table
         return table
 
