@@ -308,6 +308,14 @@ class StaticBuffers:
             raise ValueError(
                 f"StaticBuffers: index_dtype must be int32 or int64, got {index_dtype}"
             )
+        id_limit = torch.iinfo(index_dtype).max + 1
+        if num_slots > id_limit:
+            # Every slot must have an id; the step checks also rely on it (ids + 1 viewed
+            # as unsigned stay below num_slots + 1 only then).
+            raise ValueError(
+                f"StaticBuffers: num_slots must be <= {id_limit} for {index_dtype} ids "
+                f"(slots 0 to {id_limit - 1}), got {num_slots}"
+            )
         self.max_bs = max_bs
         self.max_draft = max_draft
         self.num_slots = num_slots
