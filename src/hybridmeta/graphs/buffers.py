@@ -224,7 +224,8 @@ class StaticBuffers:
         fields have ``max_bs`` rows, ``query_start_loc`` has ``max_bs + 1``, fields with
         draft columns ``max_draft`` columns, per-token inputs ``max_bs * max_draft`` rows.
     num_slots : int
-        Size of the state pool: live slot ids must lie in ``[0, num_slots)``.
+        Size of the state pool: live slot ids must lie in ``[0, num_slots)``; at most the
+        number of ids ``index_dtype`` can name (``2**31`` for int32, ``2**63`` for int64).
     device : torch.device or str
         Device of the buffers; live tensors must be on it.
     max_draft : int
