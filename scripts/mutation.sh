@@ -55,7 +55,7 @@ spec() {
   case $1 in
   core) echo "src/hybridmeta/core.py|tests/test_core.py tests/test_core_rules.py tests/test_core_extension.py tests/test_schema_extension.py tests/properties/test_metadata_evolve.py" ;;
   testing) echo "src/hybridmeta/testing|tests/testing" ;;
-  buffers) echo "src/hybridmeta/graphs/buffers.py|tests/graphs/test_buffers.py tests/graphs/test_draft_buckets.py tests/properties/test_graphs_refresh.py" ;;
+  buffers) echo "src/hybridmeta/graphs/buffers.py|tests/graphs/test_buffers.py tests/graphs/test_buffers_slot_rules.py tests/graphs/test_buffers_construction.py tests/graphs/test_buffers_values.py tests/graphs/test_draft_buckets.py tests/properties/test_graphs_refresh.py" ;;
   capture) echo "src/hybridmeta/graphs/capture.py|tests/graphs/test_capture.py tests/graphs/test_runner.py" ;;
   config) echo "src/hybridmeta/runtime/config.py|tests/runtime/test_config.py" ;;
   audit) echo "src/hybridmeta/audit.py|tests/test_audit.py tests/test_audit_literals.py tests/test_audit_resolution.py" ;;
