@@ -130,7 +130,16 @@ def test_perturb_changes_every_element_to_a_legal_value(num_slots: int) -> None:
 
     floats = torch.tensor([0.0, -3.5, NAN, float("inf")])
     _perturb(floats, num_slots)
-    assert floats.tolist() == [1.0, -2.5, 1.0, float("inf")]
+    assert floats.tolist() == [1.0, -2.5, 1.0, float("-inf")]
+
+    # Values + 1 leaves as they are (TailFill.HUGE's fill among them) change sign.
+    top = torch.finfo(torch.float32).max
+    big = torch.tensor([top, 2.0**24, -(2.0**25)])
+    _perturb(big, num_slots)
+    assert big.tolist() == [-top, -(2.0**24), 2.0**25]
+    half = torch.tensor([300.0, 3.0], dtype=torch.bfloat16)
+    _perturb(half, num_slots)
+    assert half.tolist() == [-300.0, 4.0]
 
     flags = torch.tensor([True, False])
     _perturb(flags, num_slots)

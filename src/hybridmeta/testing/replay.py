@@ -110,7 +110,11 @@ def _perturb(t: torch.Tensor, num_slots: int) -> None:
     if t.dtype == torch.bool:
         t.logical_not_()
     elif t.is_floating_point():
-        t.copy_(torch.where(t.isnan(), torch.ones_like(t), t + 1.0))
+        bumped = torch.where(t.isnan(), torch.ones_like(t), t + 1.0)
+        # Where + 1 rounds away (infinities, and finite values past the dtype's integer
+        # precision: TailFill.HUGE's finfo.max, fp32 from 2**24, bf16 from 256) the sign
+        # flips instead: the diagnosis would otherwise miss a stale row holding one.
+        t.copy_(torch.where(bumped == t, -t, bumped))
     else:
         t.copy_((t.clamp(min=-1) + 1) % max(num_slots, 2))
 
