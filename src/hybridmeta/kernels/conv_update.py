@@ -137,7 +137,7 @@ def _conv_update_kernel(
     m_b = o_b < bs
     # What the check leaves on the hot path was measured on the H200 against the kernel
     # without checks (docs/perf_notes.md, "Round 3, fifth GPU session"): 0.94-1.00x.
-    if ROWS == 1:
+    if ROWS < 2:  # one row a program
         # One row a program (i_r < bs): its id a scalar, judged as one. A non-live row's
         # output comes from the output select (NaN for a bad id), its report from the
         # first channel block. Judged from a [1] tile instead, the flag is a reduction that
@@ -155,7 +155,7 @@ def _conv_update_kernel(
         slot = tl.load(slot_ptr + o_b, mask=m_b, other=pad_id).to(tl.int64)  # [R]
         bad = (slot != pad_id) & (valid_slot(slot, pad_id, n_slots) == 0)  # [R]
         any_bad = tl.max(bad.to(tl.int32), axis=0) != 0
-        fill = 0.0
+        fill = 0.0  # type: ignore[assignment]  # a constant (the tile case is a tensor)
     ok = valid_slot(slot, pad_id, n_slots)  # [R] live rows
     o_c = i_c * BLOCK_C + tl.arange(0, BLOCK_C)  # [C]
     o_k = tl.arange(0, BLOCK_K)  # [K]
@@ -200,7 +200,7 @@ def _conv_update_kernel(
     # Window column j (1 <= j <= WIDTH-1) becomes state column j-1.
     m_new = m_live[:, :, None] & (o_k[None, None, :] >= 1) & (o_k[None, None, :] < WIDTH)
     tl.store(p_s - stride_cs_w, b_win.to(conv_state_ptr.dtype.element_ty), mask=m_new)
-    if ROWS == 1:
+    if ROWS < 2:
         # One comparison, not `a & b` of scalars (the interpreter mistypes those).
         if tl.where(any_bad, i_c, 1) == 0:
             report(err_ptr, _TAG, i_r, 0, s_id, pad_id, n_slots)
