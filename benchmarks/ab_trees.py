@@ -31,7 +31,6 @@ import argparse
 import datetime
 import functools
 import json
-import math
 import os
 import subprocess
 import sys
@@ -65,9 +64,6 @@ def _cases(
         nb = _nbytes(first)
         return [first.ours] + [make(i).ours for i in range(1, count(nb))], nb
 
-    def conv_count(nb: float) -> int:  # bench_kernels._rotating's count for the conv
-        return max(2, min(32, math.ceil(256e6 / nb)))
-
     for op in ops:
         if op not in OPS:
             raise SystemExit(f"--ops: unknown op {op!r} (one of {', '.join(OPS)})")
@@ -81,7 +77,7 @@ def _cases(
         elif op in ("conv", "conv_inner"):
             for bs in bs_list:
                 make = functools.partial(_unseeded, bk.ConvProblem, bs, inner=op == "conv_inner")
-                yield f"{op}/{bs}", {"bs": bs}, functools.partial(rotating, make, conv_count)
+                yield f"{op}/{bs}", {"bs": bs}, functools.partial(rotating, make, bk._n_rotating_conv)
         elif op == "track":
             for tracked, bs in bk.TRACK_CASES:
                 make = functools.partial(_unseeded, bk.TrackProblem, tracked, bs, torch.float32)
@@ -104,7 +100,7 @@ def _cases(
                         functools.partial(rotating, make, bk._n_rotating)
                     )  # fmt: skip
         else:  # commit: 27 layers, big enough without rotating
-            for bs, tracked in ((16, 0), (16, 4), (64, 0)):
+            for bs, tracked in bsp.COMMIT_CASES:
                 make = functools.partial(_unseeded, bsp.Commit, bs, tracked, 4)
                 yield f"commit/T4/{bs}/{tracked}", {"T": 4, "bs": bs, "tracked": tracked}, (
                     functools.partial(rotating, make, lambda nb: 1)

@@ -348,10 +348,13 @@ class ConvProblem:
         )
 
 
-def _rotating(bs: int, inner: bool, nbytes: float) -> list[ConvProblem]:
+def _n_rotating_conv(nbytes: float) -> int:
     # Enough independent pools that one graph replay streams well past the L2 cache.
-    n = max(2, min(32, math.ceil(256e6 / nbytes)))
-    return [ConvProblem(bs, inner=inner) for _ in range(n)]
+    return max(2, min(32, math.ceil(256e6 / nbytes)))
+
+
+def _rotating(bs: int, inner: bool, nbytes: float) -> list[ConvProblem]:
+    return [ConvProblem(bs, inner=inner) for _ in range(_n_rotating_conv(nbytes))]
 
 
 def bench_conv(ceiling: float) -> list[dict[str, Any]]:

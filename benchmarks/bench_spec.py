@@ -292,6 +292,10 @@ def bench_conv(ceiling: float) -> list[dict[str, Any]]:
     return rows
 
 
+#: (bs, tracked rows) of the commit's cases, T = 4.
+COMMIT_CASES: tuple[tuple[int, int], ...] = ((16, 0), (16, 4), (64, 0))
+
+
 class Commit:
     """One commit after a verify: 27 layers, fp32 SSM + bf16 conv, ``bs`` rows of a
     ``T``-token chain; the first ``tracked`` rows also copy their boundary token into a
@@ -331,7 +335,7 @@ def bench_commit(ceiling: float) -> list[dict[str, Any]]:
     """27 layers, fp32 SSM + bf16 conv, T = 4: every row commits; ``tracked`` rows also copy
     their boundary token into a track slot."""
     rows = []
-    for bs, tracked in ((16, 0), (16, 4), (64, 0)):
+    for bs, tracked in COMMIT_CASES:
         rows.append(_commit_case(ceiling, bs, tracked, 4))
         print("commit", rows[-1], flush=True)
         torch.cuda.empty_cache()

@@ -12,8 +12,9 @@ import torch
 from hybridmeta import BATCH, INDEX, Conventions, Role, metadata, tensor_field
 from hybridmeta.graphs import StaticBuffers
 from hybridmeta.model import ForwardMetadata
+from tests.graphs.test_buffers import _assert_untouched, _snapshot
+from tests.graphs.test_buffers import _buffers as _base_buffers
 
-TRACK = ("mamba_track_indices", "mamba_track_mask")
 SHORT, LONG = 5, 33  # 33: past the list check, and odd (an int32 array has no uint64 view)
 N = 80  # slots
 
@@ -43,9 +44,8 @@ class _WithSrc(ForwardMetadata):
 
 
 def _buffers(bs: int, **kw: Any) -> StaticBuffers:
-    args: dict[str, Any] = {"max_bs": bs, "num_slots": N, "device": "cpu", "optional_fields": TRACK}
-    args.update(kw)
-    return StaticBuffers(**args)
+    """``test_buffers``' buffers for ``bs`` rows of an ``N``-slot pool, with no input."""
+    return _base_buffers(**{"max_bs": bs, "num_slots": N, "inputs": {}, **kw})
 
 
 def _step(
@@ -73,11 +73,10 @@ def _step(
 
 def _refused(buffers: StaticBuffers, step: ForwardMetadata, match: str) -> None:
     """``step`` is refused with ``match`` and nothing is written."""
-    before = buffers.snapshot()
+    before = _snapshot(buffers)
     with pytest.raises(ValueError, match=match):
         buffers.refresh(step, step.mamba_cache_indices.shape[0])
-    after = buffers.snapshot()
-    assert all(torch.equal(after[k], v) for k, v in before.items())
+    _assert_untouched(before, _snapshot(buffers))
 
 
 # --------------------------------------------------------------------------- valid steps
