@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -10,12 +11,12 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from hybridmeta.testing import PROFILES, register_profiles, resolve_settings
+from hybridmeta.testing import PROFILES, pytest_plugin, resolve_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 
 CONFTEST = 'pytest_plugins = ["hybridmeta.testing.pytest_plugin"]\n'
-USER_TESTS = '''
+USER_TESTS = """
 from examples.legacy_engine.harness import stale_tail_backend
 from examples.legacy_engine.metadata import ForwardMetadata, prepare_decode_dropping
 from hybridmeta.testing import TailFill
@@ -33,7 +34,7 @@ def test_flow(field_flow_check):
 def test_profile(hybridmeta_settings, hybridmeta_device):
     assert hybridmeta_settings.max_examples == 40  # the option beat $HYBRIDMETA_PROFILE
     assert hybridmeta_device.type in ("cpu", "cuda")
-'''
+"""
 
 
 def test_plugin_fixtures_and_profile_option(tmp_path: Path) -> None:
@@ -55,16 +56,58 @@ def test_plugin_fixtures_and_profile_option(tmp_path: Path) -> None:
     assert "has_mamba_track_mask does not reach Mamba2Metadata" in out
 
 
-def test_profiles_are_registered() -> None:
-    register_profiles()
-    for name in PROFILES:
-        assert settings.get_profile(name).deadline is None
-    assert settings.get_profile("hybridmeta-repro").derandomize
-    assert resolve_settings().max_examples in (40, 100, 400)
-
-
 def test_resolve_settings_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HYBRIDMETA_PROFILE", "hybridmeta-thorough")
     assert resolve_settings().max_examples == 400
     explicit = settings(max_examples=3)
     assert resolve_settings(explicit) is explicit
+
+
+# The plugin's hooks in this process (the test above runs them in a child pytest only).
+
+
+def plugin_config(*args: str) -> pytest.Config:
+    """A pytest Config with only the plugin's option, parsed from ``args`` as pytest does."""
+    config = pytest.Config(pytest.PytestPluginManager())
+    pytest_plugin.pytest_addoption(config._parser)
+    config._parser.parse(list(args), namespace=config.option)
+    return config
+
+
+def test_profile_option_takes_each_profile_and_refuses_other_names() -> None:
+    for name in PROFILES:
+        assert plugin_config("--hybridmeta-profile", name).getoption("--hybridmeta-profile") == name
+    assert plugin_config().getoption("--hybridmeta-profile") is None
+    with pytest.raises(pytest.UsageError, match="invalid choice: 'hybridmeta-fast'"):
+        plugin_config("--hybridmeta-profile", "hybridmeta-fast")
+
+
+def test_profile_option_help_tells_the_truth(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "300")  # no line wrapping in the help
+    monkeypatch.delenv("HYBRIDMETA_PROFILE", raising=False)
+    lines = [line for line in plugin_config()._parser.optparser.format_help().splitlines() if line]
+    at = next(i for i, line in enumerate(lines) if line.lstrip().startswith("--hybridmeta-profile"))
+    package = pytest_plugin.__name__.partition(".")[0]
+    assert lines[at - 1] == f"{package}:"  # listed under the package's own section
+    help_text = " ".join(lines[at:])
+    default = re.search(r"\(default: ([\w-]+)", help_text)
+    assert default, help_text
+    assert resolve_settings() is settings.get_profile(default[1])  # the default it names
+    variable = re.search(r"\$(\w+)", help_text)
+    assert variable, help_text
+    monkeypatch.setenv(variable[1], "hybridmeta-thorough")  # the variable it names
+    assert resolve_settings() is settings.get_profile("hybridmeta-thorough")
+
+
+def test_configure_hands_the_chosen_profile_to_the_fixtures(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("HYBRIDMETA_PROFILE", "hybridmeta-dev")
+    pytest_plugin.pytest_configure(plugin_config("--hybridmeta-profile", "hybridmeta-thorough"))
+    assert resolve_settings() is settings.get_profile("hybridmeta-thorough")  # option wins
+    monkeypatch.setenv("HYBRIDMETA_PROFILE", "hybridmeta-dev")
+    pytest_plugin.pytest_configure(plugin_config())  # no option: the variable stands
+    assert os.environ["HYBRIDMETA_PROFILE"] == "hybridmeta-dev"
+    monkeypatch.delenv("HYBRIDMETA_PROFILE")
+    pytest_plugin.pytest_configure(plugin_config())
+    assert "HYBRIDMETA_PROFILE" not in os.environ

@@ -169,8 +169,11 @@ def type_hints(
         if base is object:
             continue
         module = sys.modules.get(base.__module__)
-        globalns = dict(vars(module)) if module is not None else {}
-        local = {**dict(vars(base)), **extra}
+        module_ns = dict(vars(module)) if module is not None else {}
+        # Looked up as typing.get_type_hints looks them up: ``localns``, then the module,
+        # then the class body (a field named after its type finds the type, not its
+        # default); typing consults the body only without ``localns``, here it always does.
+        globalns, local = {**dict(vars(base)), **module_ns}, extra
         for name, ann in inspect.get_annotations(base).items():
             resolved.pop(name, None)
             unresolved.pop(name, None)

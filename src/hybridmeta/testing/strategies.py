@@ -365,7 +365,9 @@ def _draw_tensor(
         for n in lens:
             out.append(out[-1] + n)
         return torch.tensor(out[: shape[0]], dtype=dtype)
-    low = -1 if f.is_slot else 0
+    # Slot ids in [0, num_slots), and -1 where that is the declared pad (the class's null
+    # slot): under a reserved null slot such as vLLM's 0, -1 is no slot at all.
+    low = -1 if f.is_slot and f.pad_value == -1 else 0
     return _int_tensor(draw, shape, low, num_slots - 1, dtype)
 
 
@@ -405,8 +407,9 @@ def metadata_instances(
     """A valid instance of the ``@hybridmeta.metadata`` class ``cls``, from its declarations.
 
     Each rows symbol gets one drawn length (``batch`` in ``[1, max_bs]``, any other in
-    ``[0, max_rows]``) shared by every field that declares it; index fields padded with
-    ``-1`` get slot ids in ``[-1, num_slots)``, offsets arrays non-decreasing offsets from
+    ``[0, max_rows]``) shared by every field that declares it; slot fields get slot ids in
+    ``[0, num_slots)`` and ``-1`` where that is their declared pad (not under conventions
+    that reserve a null slot, such as vLLM's 0), offsets arrays non-decreasing offsets from
     0, masks booleans. Optional fields are all present, all absent, or each drawn.
     Non-tensor fields are drawn from their annotation (``bool``, ``int``, ``float``,
     optionals and tuples of those). A derived class is built from a drawn source instance
