@@ -31,12 +31,16 @@ _FIXED = settings(_QUICK, derandomize=True, report_multiple_bugs=False)
 def test_the_backend_is_refused_before_capture_and_after_teardown() -> None:
     m = replay_machine(Tiny, track=False)()
     assert isinstance(m, _ReplayBase)
-    with pytest.raises(AssertionError, match=r"capture\(\) runs first"):
+    with pytest.raises(
+        RuntimeError, match=r"TinyReplay.backend: no backend \(capture\(\) runs first"
+    ):
         m.backend  # noqa: B018
     m.capture()
     assert isinstance(m.backend, Tiny)
     m.teardown()
-    with pytest.raises(AssertionError, match=r"capture\(\) runs first"):
+    with pytest.raises(
+        RuntimeError, match=r"TinyReplay.backend: no backend \(capture\(\) runs first"
+    ):
         m.backend  # noqa: B018
 
 

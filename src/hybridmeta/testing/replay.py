@@ -136,7 +136,11 @@ class _ReplayBase(RuleBasedStateMachine):
 
     @property
     def backend(self) -> GraphedDecodeBackend:
-        assert self._backend is not None, "capture() runs first"
+        if self._backend is None:  # not an assert: `python -O` would return None
+            raise RuntimeError(
+                f"{type(self).__name__}.backend: no backend (capture() runs first, and "
+                "teardown() releases it)"
+            )
         return self._backend
 
     @initialize()
