@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import pytest
 import torch
@@ -189,9 +189,9 @@ def test_each_test_case_frees_its_graphs_when_it_ends() -> None:
         gc.enable()
 
 
-def _drawn_batches(**options: object) -> list[Batch]:
-    """The batches ``check_replay`` steps ``Tiny`` through with these options (whether the
-    run passes does not matter here)."""
+def recorded_batches(run: Callable[[type[Tiny]], object]) -> list[Batch]:
+    """The batches ``run(backend_class)`` steps a ``Tiny`` backend through (whether the run
+    passes does not matter here)."""
     seen: list[Batch] = []
 
     class Recorder(Tiny):
@@ -200,9 +200,16 @@ def _drawn_batches(**options: object) -> list[Batch]:
             return super().make_inputs(batch, gen)
 
     with contextlib.suppress(ReplayFailure):
-        check_replay(Recorder, settings=_QUICK, **options)  # type: ignore[arg-type]
+        run(Recorder)
     assert seen, "the machine ran no step"
     return seen
+
+
+def _drawn_batches(**options: object) -> list[Batch]:
+    """The batches ``check_replay`` steps ``Tiny`` through with these options."""
+    return recorded_batches(
+        lambda cls: check_replay(cls, settings=_QUICK, **options)  # type: ignore[arg-type]
+    )
 
 
 def test_check_replay_passes_its_batch_options_to_the_machine() -> None:

@@ -5,7 +5,6 @@ failure's steps, and the default capture of :class:`GraphedDecodeBackend`."""
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 from collections.abc import Mapping
 
@@ -17,7 +16,7 @@ from hypothesis.stateful import run_state_machine_as_test
 from hybridmeta.graphs import EmulatedGraphBackend
 from hybridmeta.testing import Batch, GraphedDecodeBackend, ReplayFailure, TailFill, check_replay
 from hybridmeta.testing.replay import _reduce, _ReplayBase, replay_machine
-from tests.testing.test_replay import _QUICK, Tiny
+from tests.testing.test_replay import _QUICK, Tiny, recorded_batches
 from tests.testing.test_replay_compare import _batch
 from tests.testing.test_replay_diagnosis import _machine
 
@@ -120,16 +119,9 @@ def test_replay_machine_has_check_replays_defaults() -> None:
     for option in ("pad_rows", "track", "draft_token_num", "fills"):
         assert machine.parameters[option].default == check.parameters[option].default, option
 
-    seen: list[Batch] = []
-
-    class Recorder(Tiny):
-        def make_inputs(self, batch: Batch, gen: torch.Generator) -> Mapping[str, torch.Tensor]:
-            seen.append(batch)
-            return super().make_inputs(batch, gen)
-
-    with contextlib.suppress(ReplayFailure):
-        run_state_machine_as_test(replay_machine(Recorder), settings=_FIXED)
-    assert seen, "the machine ran no step"
+    seen = recorded_batches(
+        lambda cls: run_state_machine_as_test(replay_machine(cls), settings=_FIXED)
+    )
     assert not any(-1 in b.slots for b in seen)  # no pad rows
     assert any(b.has_track for b in seen)  # tracked rows
     assert {b.draft_token_num for b in seen} == {1}  # one token a row
